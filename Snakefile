@@ -1,0 +1,44 @@
+# vidlabel: label large video datasets with a multimodal LLM served by vLLM.
+# Thin by design: every stage is one call into the `vidlabel` package (src/vidlabel/).
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+report: "workflow/report/workflow.rst"
+
+
+# Jobs (scripts/, also inside `--sdm conda` envs and on cluster nodes) import the package of
+# this very checkout, so the workflow and its code never disagree.
+import os
+import sys
+
+sys.path.insert(0, f"{workflow.basedir}/src")
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [f"{workflow.basedir}/src", os.environ.get("PYTHONPATH")]))
+
+# Fail before any job: a bad key or a bad posts table is reported with the key / rows at fault.
+import vidlabel.config
+import vidlabel.inventory
+
+vidlabel.config.validate(config, f"{workflow.basedir}/workflow/schemas/config.schema.yaml")
+if workflow.is_main_process:
+    vidlabel.inventory.load_posts(config["posts"], config["media_root"])
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/inventory.smk"
+include: "workflow/rules/transcribe.smk"
+include: "workflow/rules/transcode.smk"
+include: "workflow/rules/manifest.smk"
+include: "workflow/rules/classify.smk"
+include: "workflow/rules/merge.smk"
+include: "workflow/rules/aggregate.smk"
+include: "workflow/rules/estimate.smk"
+
+
+rule all:
+    input:
+        rules.aggregate.output,

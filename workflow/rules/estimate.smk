@@ -1,0 +1,16 @@
+# `snakemake estimate`: classify a stratified pilot sample and project wall time, GPU-hours and cost.
+# Not part of `all`: it spends GPU time on purpose.
+rule estimate:
+    input:
+        shards=manifest_shards,
+    output:
+        json=f"{RESULTS}/estimate.json",
+        summary=f"{RESULTS}/estimate.md",
+    params:
+        workdir=f"{RESULTS}/estimate",
+    log:
+        "logs/estimate.log",
+    conda:
+        "../../envs/classify.yaml"
+    script:
+        "../../scripts/estimate.py"

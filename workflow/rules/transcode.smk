@@ -1,0 +1,15 @@
+# Always runs: with planning.transcode.enabled false it only re-encodes the videos that must be
+# re-planned to fit the context, so a chunk is usually empty and takes a second.
+rule transcode:
+    input:
+        rules.inventory.output,
+    output:
+        f"{RESULTS}/transcoded/chunk-{{chunk}}.parquet",
+    params:
+        media_dir=f"{RESULTS}/transcoded/media",
+    log:
+        "logs/transcode/chunk-{chunk}.log",
+    conda:
+        "../../envs/media.yaml"
+    script:
+        "../../scripts/transcode.py"

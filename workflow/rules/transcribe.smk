@@ -1,0 +1,14 @@
+# The chunk's resume journal (transcripts/chunk-{chunk}.jsonl) is deliberately undeclared:
+# Snakemake deletes the declared outputs of a failed job, and the journal must survive it.
+rule transcribe:
+    input:
+        rules.inventory.output,
+    output:
+        f"{RESULTS}/transcripts/chunk-{{chunk}}.parquet",
+    log:
+        "logs/transcribe/chunk-{chunk}.log",
+    conda:
+        "../../envs/whisper.yaml"
+    threads: config["transcribe"]["threads"]
+    script:
+        "../../scripts/transcribe.py"
