@@ -52,7 +52,7 @@ class Journal:
         self.fsync_interval_s = fsync_interval_s
         self._fh = None
         self._lock_fh = None
-        self._last_sync = 0.0
+        self._last_sync = float("-inf")  # the first record is synced at once
 
     @property
     def lock_path(self) -> Path:
