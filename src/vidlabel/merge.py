@@ -1,0 +1,73 @@
+"""Merge stage: label shards + exclusions + inventory -> ``labels.parquet`` (one row per post).
+
+Runs entirely in DuckDB over the Parquet files (no Python loop over posts), so a million posts
+merge in seconds. The inputs are checked first: a post missing from every shard, a post labelled
+twice, a post both labelled and excluded, or a labelled post the inventory does not know stops the
+merge with a message naming the problem, how many posts it affects and a few example post ids.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+from . import duck
+
+log = logging.getLogger(__name__)
+
+# Columns of labels.parquet besides the question columns (docs/outputs.md); a question id must not
+# shadow one of them.
+FIXED_COLUMNS = ("post_id", "shard", "status", "error_kind", "error", "prompt_tokens",
+                 "completion_tokens", "latency_s", "started_at", "finished_at")
+
+
+class MergeError(ValueError):
+    """The shards, exclusions and inventory do not fit together; the message says how."""
+
+
+def question_ids(config: dict[str, Any]) -> list[str]:
+    ids = [q["id"] for q in config["classify"]["questions"]]
+    clash = sorted(set(ids) & set(FIXED_COLUMNS))
+    if clash:
+        raise MergeError(f"question id(s) {clash} clash with fixed columns of labels.parquet; rename them")
+    for qid in ids:
+        duck.identifier(qid)
+    return ids
+
+
+def _answer_columns(ids: Iterable[str]) -> str:
+    # answers is cast to VARCHAR because a shard whose requests all failed may store it as a null column.
+    return ",\n    ".join(
+        f"json_extract_string(CAST(l.answers AS VARCHAR), '$.\"{qid}\"') AS {duck.identifier(qid)}"
+        for qid in ids)
+
+
+def check_inputs(con) -> None:
+    problems = con.execute(duck.sql("merge_problems")).fetchall()
+    if problems:
+        lines = [f"{problem}: {n} post(s), e.g. {', '.join(map(str, examples))}"
+                 for problem, n, examples in problems]
+        raise MergeError("cannot merge labels:\n  " + "\n  ".join(lines))
+
+
+def merge(config: dict[str, Any], inventory_path: str | Path, excluded_path: str | Path,
+          label_paths: Iterable[str | Path], output_path: str | Path) -> None:
+    """Write ``labels.parquet`` (docs/outputs.md) from the inventory, the exclusions and the label shards."""
+    t0 = time.perf_counter()
+    label_paths = [str(p) for p in label_paths]
+    if not label_paths:
+        raise MergeError("no label shards given")
+    ids = question_ids(config)
+    con = duck.connect()
+    duck.parquet_view(con, "inventory", inventory_path, file_row_number=True)
+    duck.parquet_view(con, "excluded", excluded_path)
+    duck.parquet_view(con, "shard_labels", label_paths, union_by_name=True)
+    check_inputs(con)
+    duck.copy_to_parquet(con, duck.sql("merge_labels", answer_columns=_answer_columns(ids)), output_path)
+    counts = dict(con.execute(
+        f"SELECT status, count(*) FROM read_parquet({duck.literal(output_path)}) GROUP BY status").fetchall())
+    log.info("merged %d posts from %d shard(s) into %s in %.2f s: %s", sum(counts.values()),
+             len(label_paths), output_path, time.perf_counter() - t0,
+             ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))

@@ -1,0 +1,129 @@
+"""Figures of the report (matplotlib, no display). Each one renders, as a placeholder that says why,
+when there is nothing to draw, so the report never breaks on a small or failed run."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from .io import atomic_path  # noqa: E402
+
+_SIZE = (7.5, 4.5)
+
+
+def _save(fig, path: str | Path) -> None:
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def placeholder(path: str | Path, title: str, message: str) -> None:
+    fig, ax = plt.subplots(figsize=_SIZE)
+    ax.set_axis_off()
+    ax.set_title(title)
+    ax.text(0.5, 0.5, message, ha="center", va="center", wrap=True, fontsize=11, color="0.35",
+            transform=ax.transAxes)
+    _save(fig, path)
+
+
+def token_histogram(values: np.ndarray, path: str | Path, title: str, xlabel: str) -> None:
+    """Histogram of tokens per request with mean and p99 marked (seed 000, Figures 1 and 2)."""
+    values = np.asarray(values, dtype=float)
+    values = values[~np.isnan(values)]
+    if values.size == 0:
+        placeholder(path, title, "No request reported token usage\n(no classified post yet, or every request failed).")
+        return
+    fig, ax = plt.subplots(figsize=_SIZE)
+    bins = min(60, max(5, int(math.sqrt(values.size))))
+    ax.hist(values, bins=bins, color="#4c72b0", edgecolor="white", linewidth=0.4)
+    mean, p99 = values.mean(), np.percentile(values, 99)
+    ax.axvline(mean, color="#c44e52", linestyle="--", label=f"mean {mean:,.0f}")
+    ax.axvline(p99, color="#8172b2", linestyle=":", label=f"p99 {p99:,.0f}")
+    ax.set_title(f"{title} (n = {values.size:,})")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("requests")
+    ax.legend(frameon=False)
+    ax.grid(axis="y", alpha=0.3)
+    _save(fig, path)
+
+
+def prevalence(rows: Sequence[dict[str, Any]], path: str | Path, confidence: float) -> None:
+    """Per question: model share, human-only share and bias-corrected estimate, with interval bars."""
+    title = "Prevalence per question"
+    rows = [r for r in rows if _finite(r.get("model_share")) or _finite(r.get("human_share"))]
+    if not rows:
+        placeholder(path, title, "No question has a model answer or a human label yet.")
+        return
+    series = [("model", "model_share", "model_lo", "model_hi", "#4c72b0"),
+              ("human only", "human_share", "human_lo", "human_hi", "#55a868"),
+              ("corrected (PPI++)", "corrected", "corrected_lo", "corrected_hi", "#c44e52")]
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(rows) + 3), 4.5))
+    x = np.arange(len(rows))
+    offsets = np.linspace(-0.22, 0.22, len(series))
+    for (label, key, lo_key, hi_key, color), dx in zip(series, offsets):
+        pts = [(i, r[key], r.get(lo_key), r.get(hi_key)) for i, r in enumerate(rows) if _finite(r.get(key))]
+        if not pts:
+            continue
+        xs = np.array([p[0] for p in pts]) + dx
+        ys = np.array([p[1] for p in pts])
+        lo = np.array([p[2] if _finite(p[2]) else p[1] for p in pts])
+        hi = np.array([p[3] if _finite(p[3]) else p[1] for p in pts])
+        ax.errorbar(xs, ys, yerr=[ys - lo, hi - ys], fmt="o", color=color, capsize=4, label=label)
+    ax.set_xticks(x, [r["question"] for r in rows], rotation=20, ha="right")
+    ax.set_xlim(-0.6, len(rows) - 0.4)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("share answering yes")
+    ax.set_title(f"{title} ({confidence:.0%} intervals)")
+    ax.legend(frameon=False, loc="best")
+    ax.grid(axis="y", alpha=0.3)
+    _save(fig, path)
+
+
+def throughput(curves: dict[str, tuple[np.ndarray, np.ndarray]], path: str | Path) -> None:
+    """Cumulative completed requests over time, one line per shard. ``curves``: shard -> (minutes, count)."""
+    title = "Completed requests over time"
+    if not curves:
+        placeholder(path, title, "No request has start and finish times yet.")
+        return
+    fig, ax = plt.subplots(figsize=_SIZE)
+    for shard, (minutes, cumulative) in sorted(curves.items(), key=lambda kv: int(kv[0])):
+        ax.step(np.concatenate([[0.0], minutes]), np.concatenate([[0], cumulative]), where="post",
+                label=f"shard {shard}")
+    ax.set_xlabel("minutes since the first request started")
+    ax.set_ylabel("completed requests")
+    ax.set_title(title)
+    if len(curves) <= 12:
+        ax.legend(frameon=False, fontsize=8)
+    ax.grid(alpha=0.3)
+    _save(fig, path)
+
+
+def errors(rows: Sequence[dict[str, Any]], path: str | Path) -> None:
+    """Horizontal bars: count per stage and reason."""
+    title = "Errors and exclusions by kind"
+    rows = [r for r in rows if r["count"] > 0]
+    if not rows:
+        placeholder(path, title, "No errors: every post was classified\nand every human label was usable.")
+        return
+    colors = {"manifest": "#dd8452", "classify": "#c44e52", "human_labels": "#8172b2"}
+    fig, ax = plt.subplots(figsize=(7.5, max(2.5, 0.35 * len(rows) + 1.2)))
+    labels = [f"{r['stage']}: {r['reason']}" for r in rows][::-1]
+    counts = [r["count"] for r in rows][::-1]
+    bar_colors = [colors.get(r["stage"], "0.5") for r in rows][::-1]
+    bars = ax.barh(labels, counts, color=bar_colors)
+    ax.bar_label(bars, labels=[f"{c:,}" for c in counts], padding=3, fontsize=8)
+    ax.set_xlabel("count")
+    ax.set_title(title)
+    ax.grid(axis="x", alpha=0.3)
+    _save(fig, path)
+
+
+def _finite(value) -> bool:
+    return value is not None and isinstance(value, (int, float)) and math.isfinite(value)

@@ -1,0 +1,24 @@
+-- Inputs of the bias correction, one row per (question, classified post):
+--   yhat  the model's answer as 1/0. A post without an answer gets the question's model share as
+--         its prediction: PPI stays valid for any prediction that does not look at the human labels,
+--         the rectifier term corrects whatever this imputation gets wrong, and the posts (and any
+--         human labels on them) stay in the population instead of vanishing with their errors.
+--   y     the human label (NULL when the post has none),
+--   r     1 / sampling probability for labelled posts (1 when the file gives none).
+CREATE OR REPLACE TABLE ppi_items AS
+WITH model_share AS (
+    SELECT question, avg(CASE answer WHEN 'yes' THEN 1.0 WHEN 'no' THEN 0.0 END) AS share
+    FROM answers_long
+    WHERE status IN ('ok', 'error')
+    GROUP BY question
+)
+SELECT
+    a.question,
+    a.post_id,
+    CASE a.answer WHEN 'yes' THEN 1.0 WHEN 'no' THEN 0.0 ELSE coalesce(m.share, 0.0) END AS yhat,
+    h.y,
+    CASE WHEN h.y IS NOT NULL THEN coalesce(1.0 / h.probability, 1.0) END AS r
+FROM answers_long a
+JOIN model_share m USING (question)
+LEFT JOIN human_valid h ON h.post_id = a.post_id AND h.question = a.question
+WHERE a.status IN ('ok', 'error')

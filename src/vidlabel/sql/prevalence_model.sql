@@ -1,0 +1,13 @@
+-- Model-only prevalence per question over the classified posts (status ok or error; posts excluded
+-- before classification are outside the population). A post without a yes/no answer counts in
+-- posts and no_answer but not in the share: model_share = yes / answered.
+SELECT
+    question,
+    count(*) AS posts,
+    count(*) FILTER (WHERE answer IN ('yes', 'no')) AS answered,
+    count(*) FILTER (WHERE answer = 'yes') AS yes,
+    count(*) FILTER (WHERE answer = 'no') AS "no",
+    count(*) FILTER (WHERE answer IS NULL OR answer NOT IN ('yes', 'no')) AS no_answer
+FROM answers_long
+WHERE status IN ('ok', 'error')
+GROUP BY question

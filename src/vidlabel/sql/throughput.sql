@@ -1,0 +1,73 @@
+-- Throughput per shard job and overall, from each request's started_at/finished_at (Unix seconds).
+--   span_s   first start to last finish. A shard resumed in a second run includes the gap between runs.
+--   busy_s   time with at least one request of the shard in flight: the union of the request
+--            intervals, so gaps between runs (or a server restart) are not counted as work.
+--            Rates and GPU-hours use busy_s. For the overall row busy_s is the sum over shards
+--            (model-instance seconds), so its rates are per model instance, comparable across runs;
+--            wall_requests_per_s is the whole campaign's rate (requests / overall span).
+-- Server start-up and model loading happen before the first request and are not included.
+WITH req AS (
+    SELECT shard, status, started_at, finished_at, prompt_tokens, completion_tokens
+    FROM labels
+    WHERE shard IS NOT NULL AND status IN ('ok', 'error')
+      AND started_at IS NOT NULL AND finished_at IS NOT NULL
+),
+ordered AS (
+    SELECT *,
+        max(finished_at) OVER (PARTITION BY shard ORDER BY started_at, finished_at
+                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS previous_end
+    FROM req
+),
+islands AS (
+    SELECT *,
+        sum(CASE WHEN previous_end IS NULL OR started_at > previous_end THEN 1 ELSE 0 END)
+            OVER (PARTITION BY shard ORDER BY started_at, finished_at ROWS UNBOUNDED PRECEDING) AS island
+    FROM ordered
+),
+busy AS (
+    SELECT shard, sum(island_s) AS busy_s
+    FROM (SELECT shard, island, max(finished_at) - min(started_at) AS island_s FROM islands GROUP BY shard, island)
+    GROUP BY shard
+),
+per_shard AS (
+    SELECT
+        CAST(shard AS VARCHAR) AS shard,
+        count(*) AS requests,
+        count(*) FILTER (WHERE status = 'ok') AS ok,
+        count(*) FILTER (WHERE status = 'error') AS errors,
+        coalesce(sum(prompt_tokens), 0) AS input_tokens,
+        coalesce(sum(completion_tokens), 0) AS output_tokens,
+        min(started_at) AS first_started_at,
+        max(finished_at) AS last_finished_at,
+        max(finished_at) - min(started_at) AS span_s,
+        any_value(b.busy_s) AS busy_s,
+        shard AS shard_number
+    FROM req JOIN busy b USING (shard)
+    GROUP BY shard
+),
+overall AS (
+    SELECT 'all' AS shard, sum(requests) AS requests, sum(ok) AS ok, sum(errors) AS errors,
+        sum(input_tokens) AS input_tokens, sum(output_tokens) AS output_tokens,
+        min(first_started_at) AS first_started_at, max(last_finished_at) AS last_finished_at,
+        max(last_finished_at) - min(first_started_at) AS span_s, sum(busy_s) AS busy_s,
+        NULL AS shard_number
+    FROM per_shard
+    HAVING count(*) > 0
+),
+combined AS (
+    SELECT * FROM per_shard
+    UNION ALL
+    SELECT * FROM overall
+)
+SELECT
+    shard, requests, ok, errors, input_tokens, output_tokens, first_started_at, last_finished_at,
+    span_s, busy_s,
+    requests / nullif(busy_s, 0) AS requests_per_s,
+    input_tokens / nullif(busy_s, 0) AS input_tokens_per_s,
+    output_tokens / nullif(busy_s, 0) AS output_tokens_per_s,
+    (input_tokens + output_tokens) / nullif(busy_s, 0) AS tokens_per_s,
+    requests / nullif(span_s, 0) AS wall_requests_per_s,
+    busy_s * $gpus_per_job / 3600.0 AS gpu_hours,
+    busy_s * $gpus_per_job / 3600.0 * $gpu_hour_usd AS cost_usd
+FROM combined
+ORDER BY shard_number NULLS LAST
