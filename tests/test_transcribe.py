@@ -240,3 +240,20 @@ def test_openai_whisper_backend_transcribes_the_spoken_words(demo, openai_checkp
     assert set(rows) == keep
     assert_transcribed(demo.expected, rows)
     assert rows["silent-audio"]["status"] == "ok" and rows["silent-audio"]["text"] == ""
+
+
+def test_changed_settings_make_journal_records_stale(demo, tmp_path):
+    table = pq.read_table(demo.inventory)
+    only_no_audio = table.filter([pid == "no-audio" for pid in table.column("post_id").to_pylist()])
+    inventory = tmp_path / "inventory.parquet"
+    pq.write_table(only_no_audio, inventory)
+    out = tmp_path / "chunk-0.parquet"
+    journal = tmp_path / "chunk-0.jsonl"
+    config = whisper_config(demo, model=str(tmp_path / "no-such-model"))
+    run_chunk(config, inventory, 0, out)
+    run_chunk(config, inventory, 0, out)  # same settings: served from the journal
+    assert len(journal.read_text().splitlines()) == 1
+    config["transcribe"]["beam_size"] = 2
+    run_chunk(config, inventory, 0, out)  # new settings: done again
+    records = [json.loads(line) for line in journal.read_text().splitlines()]
+    assert len(records) == 2 and records[0]["settings"] != records[1]["settings"]

@@ -9,6 +9,7 @@ written (atomically) once every post of the chunk is done.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -223,6 +224,16 @@ def transcribe_post(backend: LazyBackend | Backend, post: dict[str, Any]) -> dic
     return record
 
 
+# Keys whose change makes earlier transcripts stale (threads, device and chunking do not).
+SETTINGS_KEYS = ("backend", "model", "language", "vad", "beam_size", "compute_type")
+
+
+def settings_fingerprint(cfg: dict[str, Any]) -> str:
+    """Identity of the transcription settings, stored in every journal record."""
+    payload = json.dumps({k: cfg.get(k) for k in SETTINGS_KEYS}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
 def journal_path(output_path: str | os.PathLike) -> Path:
     output_path = Path(output_path)
     stem = output_path.name[: -len(".parquet")] if output_path.name.endswith(".parquet") else output_path.name
@@ -256,8 +267,10 @@ def run_chunk(
         raise ValueError(f"chunk {chunk} is outside 0..{n_chunks - 1} (transcribe.chunks = {n_chunks})")
     posts = chunk_posts(inventory_path, chunk, n_chunks)
     model = backend if backend is not None else LazyBackend(cfg)
+    settings = settings_fingerprint(cfg)
     with Journal(journal_path(output_path), key="post_id") as journal:
-        done = journal.read()
+        # Records made with other settings (another model, say) are stale: transcribe those posts again.
+        done = {k: r for k, r in journal.read().items() if r.get("settings") == settings}
         todo = [p for p in posts if p["post_id"] not in done]
         log.info(
             "chunk %d/%d: %d posts, %d already in the journal, %d to transcribe with %s",
@@ -267,6 +280,7 @@ def run_chunk(
         audio_total = 0.0
         for n, post in enumerate(todo, 1):
             record = transcribe_post(model, post)
+            record["settings"] = settings
             journal.append(record)
             done[record["post_id"]] = record
             audio_total += record["audio_s"] or 0.0
