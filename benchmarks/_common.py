@@ -1,0 +1,27 @@
+"""Shared set-up for the classify benchmarks: a media dir with one tiny video, a config, manifest rows."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "src"))
+
+from standin.shards import make_config, make_video, manifest_rows  # noqa: E402
+
+
+def setup(work: Path, n: int, faults=(), classify=None, request_log=None, caption_len=None):
+    media = work / "media"
+    if not (media / "clip.mp4").exists():
+        make_video(media / "clip.mp4")
+    cfg = make_config(work, media, request_log, faults, classify)
+    posts = []
+    for i in range(n):
+        cap = "buy now" if i % 2 else "hello"
+        if caption_len is not None:
+            cap = cap + " " + "x" * caption_len(i)
+        posts.append({"post_id": f"p{i:07d}", "media_path": str(media / "clip.mp4"), "caption": cap,
+                      "transcript": "pizza" if i % 3 == 0 else ""})
+    return cfg, manifest_rows(cfg, posts)

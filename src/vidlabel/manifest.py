@@ -1,0 +1,289 @@
+"""Manifest: one request per post, with token estimates, the context gate and token-balanced shards.
+
+Inputs: the inventory, the transcript chunks, the (optional) transcode chunks. Outputs (atomic):
+``manifest/shard-{i}.parquet``, ``manifest/excluded.parquet`` and ``manifest/plan.csv`` (see
+docs/outputs.md). A post is excluded for a probe error (``probe_error``), a context overflow that
+re-planning cannot fix or that has no transcoded media (``too_long``), or a failed transcode of a
+re-planned post (``transcode_error``). A missing or failed transcript is an empty transcript, not an
+exclusion. A failed transcode of a post that fits as-is falls back to the original file.
+
+Vectorised over pyarrow/numpy; the only per-row Python is prompt rendering and the request-id hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import string
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from vidlabel import planning
+from vidlabel import tokens as tk
+from vidlabel.io import write_parquet
+from vidlabel.prompt import _BLOCK_TAGS, render_prompt, render_questions, request_id
+
+SHARD_SCHEMA = pa.schema([
+    ("request_id", pa.string()),
+    ("post_id", pa.string()),
+    ("video_path", pa.string()),
+    ("media_path", pa.string()),
+    ("caption", pa.string()),
+    ("transcript", pa.string()),
+    ("prompt", pa.string()),
+    ("est_visual_tokens", pa.int64()),
+    ("est_text_tokens", pa.int64()),
+    ("est_prompt_tokens", pa.int64()),
+    ("plan", pa.string()),
+])
+INVENTORY_COLUMNS = ("post_id", "video_path", "caption", "duration_s", "fps", "width", "height", "probe_error")
+TEXT_BATCH = 131072
+EXCLUDED_SCHEMA = pa.schema([
+    ("post_id", pa.string()),
+    ("video_path", pa.string()),
+    ("reason", pa.string()),
+    ("detail", pa.string()),
+])
+
+
+def request_ids(post_ids, template: str, questions, model: str) -> list[str]:
+    """``vidlabel.prompt.request_id`` for many posts: the constant part of the payload is encoded once.
+
+    The payload is ``json.dumps([post_id, template, questions, model], sort_keys=True,
+    ensure_ascii=False)``; only the post id varies. Checked against ``request_id`` on the first id
+    (and any id JSON must escape goes through ``json.dumps``); a mismatch falls back to the slow path.
+    """
+    post_ids = [str(p) for p in post_ids]
+    if not post_ids:
+        return []
+    tail = (", " + json.dumps([template, questions, model], sort_keys=True, ensure_ascii=False)[1:]).encode()
+    sha = hashlib.sha256
+    needs_escape = re.compile(r'["\\\x00-\x1f\u2028\u2029\x7f]').search
+
+    def fast(pid: str) -> str:
+        if needs_escape(pid):
+            head = ("[" + json.dumps(pid, ensure_ascii=False)).encode()
+        else:
+            head = b'["' + pid.encode() + b'"'
+        return sha(head + tail).hexdigest()[:24]
+
+    probe = [post_ids[0]] + [p for p in post_ids[:1000] if needs_escape(p)][:3]
+    if any(fast(p) != request_id(p, template, questions, model) for p in probe):
+        return [request_id(p, template, questions, model) for p in post_ids]
+    return [fast(p) for p in post_ids]
+
+
+# Python's str.strip() whitespace, so that the vectorised neutralise strips exactly the same characters.
+_PY_WHITESPACE = "".join(chr(i) for i in range(0x110000) if chr(i).isspace())
+_FIELDS = {"caption", "transcript", "questions"}
+
+
+def _neutralise(arr: pa.Array, empty: str) -> pa.Array:
+    text = pc.utf8_trim(pc.fill_null(arr, ""), characters=_PY_WHITESPACE)
+    for tag in _BLOCK_TAGS:
+        text = pc.replace_substring(text, tag, tag.replace("<", "\u2039").replace(">", "\u203a"))
+    return pc.if_else(pc.equal(pc.utf8_length(text), 0), pa.scalar(empty), text)
+
+
+def render_prompts(template: str, captions: pa.Array, transcripts: pa.Array, questions) -> pa.Array:
+    """``vidlabel.prompt.render_prompt`` for a whole column, vectorised with Arrow kernels.
+
+    Falls back to per-row ``render_prompt`` when the template uses anything but plain
+    {caption}/{transcript}/{questions} fields, or when a sample of rows (including every kind of
+    text that neutralising changes) does not match ``render_prompt`` exactly.
+    """
+    n = len(captions)
+    captions, transcripts = captions.cast(pa.string()), transcripts.cast(pa.string())
+
+    def per_row() -> pa.Array:
+        caps, trs = captions.to_pylist(), transcripts.to_pylist()
+        return pa.array([render_prompt(template, c, t, questions) for c, t in zip(caps, trs)], pa.string())
+
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError:
+        return per_row()
+    if any(f is not None and (f not in _FIELDS or spec or conv) for _, f, spec, conv in parts) or n == 0:
+        return per_row()
+    values = {"caption": _neutralise(captions, "(no caption)"),
+              "transcript": _neutralise(transcripts, "(no speech)"),
+              "questions": pa.scalar(render_questions(questions))}
+    pieces = []
+    for literal, field, _, _ in parts:
+        if literal:
+            pieces.append(pa.scalar(literal))
+        if field is not None:
+            pieces.append(values[field])
+    if not any(isinstance(x, pa.Array) for x in pieces):
+        pieces.append(pc.cast(pa.nulls(n), pa.string()).fill_null(""))
+    out = pc.binary_join_element_wise(*pieces, "") if len(pieces) > 1 else pieces[0]
+    # Check a sample: the first rows, and rows whose text neutralising changes (tags, edge whitespace).
+    odd = pc.or_(pc.match_substring_regex(pc.fill_null(captions, ""), r"[<>]|^\s|\s$"),
+                 pc.match_substring_regex(pc.fill_null(transcripts, ""), r"[<>]|^\s|\s$"))
+    sample = list(range(min(n, 32))) + np.flatnonzero(odd.to_numpy(zero_copy_only=False))[:32].tolist()
+    caps, trs, got = captions.take(sample).to_pylist(), transcripts.take(sample).to_pylist(), out.take(sample)
+    if got.to_pylist() != [render_prompt(template, c, t, questions) for c, t in zip(caps, trs)]:
+        return per_row()
+    return out
+
+
+def prompt_text_tokens(config: dict, captions: pa.Array, transcripts: pa.Array) -> np.ndarray:
+    """Text tokens of each rendered prompt, rendered in batches and not kept."""
+    c = config["classify"]
+    out = [tk.estimate_text(config, render_prompts(c["prompt_template"], captions.slice(i, TEXT_BATCH),
+                                                   transcripts.slice(i, TEXT_BATCH), c["questions"]))
+           for i in range(0, len(captions), TEXT_BATCH)]
+    return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+
+def _read_many(paths, columns) -> pa.Table | None:
+    tables = []
+    for path in paths or []:
+        names = pq.read_schema(path).names
+        tables.append(pq.read_table(path, columns=[c for c in columns if c in names]))
+    if not tables:
+        return None
+    return pa.concat_tables(tables, promote_options="default")
+
+
+def _lookup(keys: pa.Array, table: pa.Table | None, column: str, dtype) -> pa.Array:
+    """Value of ``column`` for each key (the last row per post_id wins), null when absent."""
+    if table is None or table.num_rows == 0 or column not in table.column_names:
+        return pa.nulls(len(keys), dtype)
+    ids = table.column("post_id").combine_chunks()
+    # Keep the last row of each post_id so a later chunk overrides an earlier one.
+    rev = pa.array(np.arange(len(ids))[::-1])
+    ids_rev = ids.take(rev)
+    uniq_ids = ids_rev.unique()
+    uniq_idx = pc.index_in(uniq_ids, value_set=ids_rev)  # first in reversed order = last row
+    src_rows = rev.take(uniq_idx)
+    pos = pc.index_in(keys, value_set=uniq_ids)
+    values = table.column(column).combine_chunks().take(src_rows).cast(dtype)
+    return values.take(pos)
+
+
+def build(config: dict, inventory_path, transcript_paths, transcode_paths, shard_paths, excluded_path,
+          plan_path) -> None:
+    c = config["classify"]
+    template, questions, model = c["prompt_template"], c["questions"], c["model"]
+    n_shards = len(shard_paths)
+    if n_shards < 1:
+        raise ValueError("manifest.build needs at least one shard path")
+
+    names = pq.read_schema(inventory_path).names
+    inv = pq.read_table(inventory_path, columns=[c for c in INVENTORY_COLUMNS if c in names])
+    probe_error = inv.column("probe_error").combine_chunks() if "probe_error" in inv.column_names \
+        else pa.nulls(inv.num_rows, pa.string())
+    bad = pc.is_valid(probe_error)
+    excluded = [pa.table({
+        "post_id": inv.column("post_id").filter(bad).cast(pa.string()),
+        "video_path": inv.column("video_path").filter(bad).cast(pa.string()),
+        "reason": pa.array(["probe_error"] * int(pc.sum(bad).as_py() or 0), pa.string()),
+        "detail": probe_error.filter(bad).cast(pa.string()),
+    }, schema=EXCLUDED_SCHEMA)]
+    ok = inv.filter(pc.invert(bad))
+    post_id = ok.column("post_id").combine_chunks().cast(pa.string())
+    video_path = ok.column("video_path").combine_chunks().cast(pa.string())
+    caption = (ok.column("caption").combine_chunks().cast(pa.string()) if "caption" in ok.column_names
+               else pa.nulls(ok.num_rows, pa.string()))
+    num = {k: np.nan_to_num(ok.column(k).combine_chunks().cast(pa.float64()).to_numpy(zero_copy_only=False),
+                            nan=0.0) for k in ("duration_s", "fps", "width", "height")}
+
+    # Transcripts: ok -> the text; no_audio / error / missing -> empty transcript.
+    tr = _read_many(transcript_paths, ["post_id", "text", "status"])
+    tr_text = _lookup(post_id, tr, "text", pa.string())
+    tr_status = _lookup(post_id, tr, "status", pa.string())
+    transcript = pc.if_else(pc.equal(pc.fill_null(tr_status, ""), "ok"), tr_text, pa.nulls(len(post_id), pa.string()))
+    transcript = pc.fill_null(transcript, "")
+
+    text_tokens = prompt_text_tokens(config, caption, transcript)
+
+    plan = planning.plan_posts(config, num["duration_s"], num["fps"], num["width"], num["height"], text_tokens)
+    action = plan.action
+    plan_str = plan.plan.copy()
+    visual = plan.visual_tokens.copy()
+
+    # Transcoded media, where present, is what the server reads: estimate on its real properties.
+    tc = _read_many(transcode_paths, ["post_id", "media_path", "status", "error", "fps", "width", "height",
+                                      "duration_s", "plan"])
+    tc_status = np.asarray(_lookup(post_id, tc, "status", pa.string()).to_pylist(), dtype=object)
+    has_tc = tc_status == "ok"
+    tc_failed = tc_status == "error"
+    reason = np.full(len(post_id), None, dtype=object)
+    detail = np.full(len(post_id), None, dtype=object)
+    if has_tc.any():
+        idx = np.flatnonzero(has_tc)
+        tcv = {k: np.nan_to_num(_lookup(post_id, tc, k, pa.float64()).to_numpy(zero_copy_only=False)[idx], nan=0.0)
+               for k in ("duration_s", "fps", "width", "height")}
+        est = tk.estimate_visual(config, tcv["duration_s"], tcv["fps"], tcv["width"], tcv["height"])
+        visual[idx] = est.tokens
+        tc_plan = np.asarray(_lookup(post_id, tc, "plan", pa.string()).to_pylist(), dtype=object)[idx]
+        plan_str[idx] = np.where(tc_plan == None, plan_str[idx], tc_plan)  # noqa: E711 (elementwise)
+        over = visual[idx] + text_tokens[idx] + c["max_tokens"] > c["max_model_len"]
+        for j in idx[over]:
+            reason[j] = "too_long"
+            detail[j] = (f"transcoded media still estimated at {int(visual[j] + text_tokens[j])} prompt tokens + "
+                         f"max_tokens {c['max_tokens']} > max_model_len {c['max_model_len']} ({plan_str[j]})")
+    replan_missing = (action == "replan") & ~has_tc
+    tc_error = np.asarray(_lookup(post_id, tc, "error", pa.string()).to_pylist(), dtype=object)
+    for j in np.flatnonzero(replan_missing & tc_failed):
+        reason[j], detail[j] = "transcode_error", f"{plan.plan[j]}; transcode failed: {tc_error[j]}"
+    for j in np.flatnonzero(replan_missing & ~tc_failed):
+        reason[j] = "too_long"
+        detail[j] = f"needs re-planning ({plan.plan[j]}) but has no transcoded media: run the transcode rule"
+    for j in np.flatnonzero(action == "too_long"):
+        if not has_tc[j]:
+            reason[j], detail[j] = "too_long", plan.plan[j]
+    for j in np.flatnonzero((action == "as-is") & tc_failed):
+        plan_str[j] = f"as-is (transcode failed, original media: {str(tc_error[j])[:200]})"
+
+    out_mask = reason != None  # noqa: E711 (elementwise)
+    if out_mask.any():
+        m = pa.array(out_mask)
+        excluded.append(pa.table({
+            "post_id": post_id.filter(m), "video_path": video_path.filter(m),
+            "reason": pa.array(reason[out_mask].tolist(), pa.string()),
+            "detail": pa.array(detail[out_mask].tolist(), pa.string()),
+        }, schema=EXCLUDED_SCHEMA))
+    keep = np.flatnonzero(~out_mask)
+    # The server reads the transcoded file where one exists, else the original.
+    media_path = pc.if_else(pa.array(has_tc), _lookup(post_id, tc, "media_path", pa.string()), video_path)
+
+    ids = np.asarray(request_ids(post_id.take(pa.array(keep)).to_pylist(), template, questions, model), dtype=object)
+    prompt_tokens = (visual + text_tokens)[keep]
+    shard = planning.balance_shards(prompt_tokens, ids, n_shards)
+
+    # Within a shard the heaviest requests go first (shortens the tail of the job), ties by request_id.
+    order = np.lexsort((ids.astype(str), -prompt_tokens, shard))
+    bounds = np.searchsorted(shard[order], np.arange(n_shards + 1))
+    visual_kept, text_kept, plan_kept = visual[keep], text_tokens[keep], plan_str[keep]
+    for i, path in enumerate(shard_paths):
+        sel = order[bounds[i]:bounds[i + 1]]  # positions among kept posts
+        rows = pa.array(keep[sel], pa.int64())  # positions among valid posts
+        caps, trs = caption.take(rows), transcript.take(rows)
+        # Prompts are rendered per shard so the whole set's prompts are never in memory at once.
+        write_parquet(pa.table({
+            "request_id": pa.array(ids[sel].tolist(), pa.string()),
+            "post_id": post_id.take(rows),
+            "video_path": video_path.take(rows),
+            "media_path": media_path.take(rows),
+            "caption": caps,
+            "transcript": trs,
+            "prompt": render_prompts(template, caps, trs, questions),
+            "est_visual_tokens": pa.array(visual_kept[sel], pa.int64()),
+            "est_text_tokens": pa.array(text_kept[sel], pa.int64()),
+            "est_prompt_tokens": pa.array(prompt_tokens[sel], pa.int64()),
+            "plan": pa.array(plan_kept[sel].tolist(), pa.string()),
+        }, schema=SHARD_SCHEMA), path)
+    write_parquet(pa.concat_tables(excluded), excluded_path)
+    planning.write_plan_csv(planning.plan_table(config, shard, prompt_tokens, n_shards), plan_path)
+
+
+def shard_paths_for(results: str | Path, n_shards: int) -> list[Path]:
+    """Conventional shard file paths under ``results``."""
+    return [Path(results) / "manifest" / f"shard-{i}.parquet" for i in range(n_shards)]

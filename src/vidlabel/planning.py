@@ -1,0 +1,291 @@
+"""Planning: the context gate, re-planning of over-long videos, token-balanced shards, plan.csv.
+
+Context gate. A request whose estimated prompt tokens plus ``classify.max_tokens`` exceed
+``classify.max_model_len`` never reaches the server (vLLM 0.33 would decode the whole video and
+then reject it, or silently cut max_tokens). With ``planning.over_limit: replan`` the post gets its
+own transcode: among a ladder of lower frame rates (fps / 2^k), lower pixel bounds
+(max_pixels / 2^j, down to min_pixels) and, when ``planning.max_duration_s`` is set, a trim to that
+duration, the plan with the *most* visual tokens that still fits is chosen (ties: higher fps,
+then more pixels), so as little information as possible is dropped; trimming drops content, so it
+is tried only for posts that no fps/pixel plan fits. The server keeps
+its global sampling; it simply finds fewer, smaller frames in the transcoded file (vLLM never
+samples more frames than a file has). Nothing fits, or ``over_limit: exclude``: reason ``too_long``.
+
+Shards. Requests go to shards by longest-processing-time greedy on ``est_prompt_tokens``
+(largest first, ties by request_id; each to the currently lightest shard, ties by index): the
+result depends only on the set of (request_id, cost) pairs, not on row order.
+
+Cost model for ``plan.csv`` (``est_seconds``): one server instance (4 H100, Qwen2.5-VL-72B,
+seed 000) sustained about 5,080 prompt+completion tokens/s with a prefill-heavy mix, so
+``est_seconds = (est_prompt_tokens + requests * expected_completion_tokens) / 5080`` where
+expected completion tokens = min(max_tokens, 8 per question + 16). This is a prior for planning;
+the ``estimate`` target measures the real figure on a pilot.
+
+Media paths. The server gets one ``--allowed-local-media-path``: ``allowed_media_path(config)``
+returns media_root when no transcoded file can ever be sent (transcoding disabled and
+``over_limit: exclude``), else the deepest common parent of media_root and the transcoded media
+directory ``transcoded_media_dir(config)`` (= ``{results}/transcoded/media``). Put ``results``
+inside or next to the media root; a common parent that is the filesystem root is refused.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from vidlabel import tokens as tk
+from vidlabel.io import write_text
+from vidlabel.prompt import render_prompt
+
+SERVER_TOKENS_PER_S = 5080.0  # seed 000: prompt+completion tokens/s per 4-GPU instance
+COMPLETION_TOKENS_PER_QUESTION = 8
+COMPLETION_TOKENS_BASE = 16
+# Without a transcript yet (the transcode step may run before transcription), reserve text tokens
+# for speech: fast speech is ~3 words/s at ~1.3 tokens/word.
+SPEECH_TOKENS_PER_S = 4.0
+FPS_LADDER_STEPS = 8  # fps, fps/2, ..., fps/128
+PIXEL_LADDER_STEPS = 6
+
+
+class MediaPathError(ValueError):
+    """media_root and the transcoded media directory have no usable common parent."""
+
+
+def transcoded_media_dir(config: dict) -> Path:
+    """Where transcoded videos are written (absolute)."""
+    return (Path(config.get("results", "results")) / "transcoded" / "media").resolve()
+
+
+def transcode_possible(config: dict) -> bool:
+    p = config["planning"]
+    return bool(p["transcode"]["enabled"]) or p["over_limit"] == "replan"
+
+
+def allowed_media_path(config: dict) -> str:
+    """The one directory the server may read media from (its --allowed-local-media-path)."""
+    root = Path(config["media_root"]).resolve()
+    if not transcode_possible(config):
+        return str(root)
+    common = Path(os.path.commonpath([root, transcoded_media_dir(config)]))
+    if common == Path(common.anchor):
+        raise MediaPathError(
+            f"media_root {root} and the transcoded media directory {transcoded_media_dir(config)} share no "
+            "parent but the filesystem root; the server may read from one directory only. Put 'results' "
+            "inside or next to media_root (or disable planning.transcode and set planning.over_limit: exclude)")
+    return str(common)
+
+
+def expected_completion_tokens(config: dict) -> int:
+    c = config["classify"]
+    return int(min(c["max_tokens"], COMPLETION_TOKENS_BASE + COMPLETION_TOKENS_PER_QUESTION * len(c["questions"])))
+
+
+def est_seconds(config: dict, prompt_tokens, requests) -> np.ndarray:
+    """Documented cost model (module docstring): server seconds for a set of requests."""
+    prompt_tokens = np.asarray(prompt_tokens, dtype=np.float64)
+    requests = np.asarray(requests, dtype=np.float64)
+    return (prompt_tokens + requests * expected_completion_tokens(config)) / SERVER_TOKENS_PER_S
+
+
+# ------------------------------------------------------------------ text
+
+def render_prompts(config: dict, captions, transcripts) -> list[str]:
+    c = config["classify"]
+    template, questions = c["prompt_template"], c["questions"]
+    return [render_prompt(template, cap, tr, questions) for cap, tr in zip(captions, transcripts)]
+
+
+def text_tokens_for(config: dict, captions, transcripts=None, durations=None) -> np.ndarray:
+    """Text tokens per post; without transcripts, a speech allowance by duration replaces them."""
+    n = len(captions)
+    if transcripts is None:
+        prompts = render_prompts(config, captions, [None] * n)
+        allowance = np.ceil(np.nan_to_num(np.asarray(durations, dtype=np.float64), nan=0.0) * SPEECH_TOKENS_PER_S)
+        return tk.estimate_text(config, prompts) + allowance.astype(np.int64)
+    return tk.estimate_text(config, render_prompts(config, captions, transcripts))
+
+
+# ------------------------------------------------------------------ gate and re-plan
+
+@dataclass
+class Plan:
+    """Per-post arrays. action: 'as-is' | 'replan' | 'too_long'."""
+
+    action: np.ndarray  # object (str)
+    plan: np.ndarray  # object (str): 'as-is', what changed, or the too_long detail
+    fps: np.ndarray  # frame rate of the media the server reads (float)
+    max_pixels: np.ndarray  # pixel bound the media is scaled to (int)
+    duration_s: np.ndarray  # duration the server sees (float)
+    visual_tokens: np.ndarray  # int
+    text_tokens: np.ndarray  # int
+
+    @property
+    def prompt_tokens(self) -> np.ndarray:
+        return self.visual_tokens + self.text_tokens
+
+    def to_table(self) -> pa.Table:
+        return pa.table({
+            "plan_action": pa.array(self.action, pa.string()),
+            "plan": pa.array(self.plan, pa.string()),
+            "plan_fps": pa.array(self.fps, pa.float64()),
+            "plan_max_pixels": pa.array(self.max_pixels, pa.int64()),
+            "plan_duration_s": pa.array(self.duration_s, pa.float64()),
+            "est_visual_tokens": pa.array(self.visual_tokens, pa.int64()),
+            "est_text_tokens": pa.array(self.text_tokens, pa.int64()),
+        })
+
+
+def media_estimate(config: dict, duration_s, fps, width, height, max_pixels=None) -> tk.VisualEstimate:
+    """Visual tokens of media transcoded to (fps, max_pixels, duration), as the server will see it.
+
+    The transcode scales to smart_resize(h, w, min_pixels, max_pixels); the server then resizes that
+    with its own bounds (an identity unless the result fell below min_pixels).
+    """
+    s = tk.Sampling.from_config(config)
+    if max_pixels is None:
+        return tk.estimate_visual(config, duration_s, fps, width, height, s)
+    th, tw = tk.smart_resize(height, width, s.min_pixels, np.asarray(max_pixels))
+    return tk.estimate_visual(config, duration_s, fps, tw, th, s)
+
+
+def _fmt(x: float) -> str:
+    return f"{x:g}"
+
+
+def transcode_target(config: dict, fps, max_pixels, width, height, source_fps):
+    """Frame rate and (width, height) a transcode should produce for a plan."""
+    s = tk.Sampling.from_config(config)
+    th, tw = tk.smart_resize(height, width, s.min_pixels, max_pixels)
+    src = np.nan_to_num(np.asarray(source_fps, dtype=np.float64), nan=0.0)
+    f = np.asarray(fps, dtype=np.float64)
+    out_fps = np.where(src > 0, np.minimum(f, src), f)
+    return out_fps, tw, th
+
+
+def plan_posts(config: dict, duration_s, source_fps, width, height, text_tokens) -> Plan:
+    """Gate every post on the context and re-plan (or exclude) those that do not fit."""
+    c, p = config["classify"], config["planning"]
+    s = tk.Sampling.from_config(config)
+    d = np.nan_to_num(np.asarray(duration_s, dtype=np.float64), nan=0.0)
+    sf = np.nan_to_num(np.asarray(source_fps, dtype=np.float64), nan=0.0)
+    w = np.asarray(width, dtype=np.float64)
+    h = np.asarray(height, dtype=np.float64)
+    text = np.asarray(text_tokens, dtype=np.int64)
+    n = len(d)
+    budget = c["max_model_len"] - c["max_tokens"] - text
+
+    base = tk.estimate_visual(config, d, sf, w, h, s).tokens if n else np.zeros(0, np.int64)
+    fits = base <= budget
+    action = np.where(fits, "as-is", "too_long").astype(object)
+    plan = np.where(fits, "as-is", "").astype(object)
+    out_fps = np.where(sf > 0, np.minimum(s.fps, sf), s.fps)
+    out_px = np.full(n, s.max_pixels, dtype=np.int64)
+    out_d = d.copy()
+    visual = base.astype(np.int64).copy()
+
+    over = np.flatnonzero(~fits)
+    if len(over) and p["over_limit"] == "replan":
+        od, osf, ow, oh, ob = d[over], sf[over], w[over], h[over], budget[over]
+        best = np.full(len(over), -1, dtype=np.int64)
+        best_cfg = [None] * len(over)
+        trims = [None]
+        if p.get("max_duration_s"):
+            trims.append(float(p["max_duration_s"]))
+        pixels = []
+        px = s.max_pixels
+        for _ in range(PIXEL_LADDER_STEPS):
+            if px <= s.min_pixels:
+                break
+            pixels.append(int(px))
+            px //= 2
+        pixels.append(int(s.min_pixels))
+        for trim in trims:
+            # Trimming drops content: a last resort for posts no fps/pixel plan fits.
+            eligible = np.ones(len(over), bool) if trim is None else (best < 0) & (od > trim)
+            cd = od if trim is None else np.minimum(od, trim)
+            for k in range(FPS_LADDER_STEPS):
+                f = s.fps / 2 ** k
+                cf = np.where(osf > 0, np.minimum(f, osf), f)
+                for px in pixels:
+                    est = media_estimate(config, cd, cf, ow, oh, np.full(len(over), px))
+                    # One frame pair of margin: the transcoded file's frame count can round up by one.
+                    th, tw = tk.smart_resize(oh, ow, s.min_pixels, px)
+                    margin = (th // tk.FACTOR) * (tw // tk.FACTOR)
+                    ok = eligible & (est.tokens + margin <= ob) & (est.tokens > best)
+                    for i in np.flatnonzero(ok):
+                        best[i] = est.tokens[i]
+                        best_cfg[i] = (float(cf[i]), px, float(cd[i]), trim)
+        for j, i in enumerate(over):
+            if best_cfg[j] is None:
+                continue
+            f, px, dur, trim = best_cfg[j]
+            changes = []
+            if f != out_fps[i]:
+                changes.append(f"fps {_fmt(out_fps[i])}->{_fmt(f)}")
+            if px != s.max_pixels:
+                changes.append(f"max_pixels {s.max_pixels}->{px}")
+            if trim is not None:
+                changes.append(f"trim {_fmt(d[i])}s->{_fmt(dur)}s")
+            action[i] = "replan"
+            plan[i] = f"replan: {', '.join(changes)} (visual tokens {int(base[i])}->{int(best[j])})"
+            out_fps[i], out_px[i], out_d[i], visual[i] = f, px, dur, best[j]
+    for i in np.flatnonzero(action == "too_long"):
+        plan[i] = (f"estimated {int(base[i]) + int(text[i])} prompt tokens + max_tokens {c['max_tokens']} > "
+                   f"max_model_len {c['max_model_len']}"
+                   + ("" if p["over_limit"] == "exclude" else "; no lower fps/pixel bound/trim fits"))
+    return Plan(action=action, plan=plan, fps=out_fps, max_pixels=out_px, duration_s=out_d,
+                visual_tokens=visual, text_tokens=text)
+
+
+# ------------------------------------------------------------------ shards
+
+def balance_shards(costs, keys, n_shards: int) -> np.ndarray:
+    """Longest-processing-time greedy: shard index per item, deterministic for a given input."""
+    costs = np.asarray(costs, dtype=np.int64)
+    keys = np.asarray(keys, dtype=object).astype(str)
+    n = len(costs)
+    shards = np.zeros(n, dtype=np.int64)
+    if n == 0:
+        return shards
+    order = np.lexsort((keys, -costs))  # cost descending, then request_id ascending
+    if n_shards == 1:
+        return shards
+    heap = [(0, s) for s in range(n_shards)]
+    sorted_costs = costs[order].tolist()
+    out = [0] * n
+    replace = heapq.heapreplace
+    for pos, cost in enumerate(sorted_costs):
+        load, s = heap[0]
+        out[pos] = s
+        replace(heap, (load + cost, s))
+    shards[order] = out
+    return shards
+
+
+def plan_table(config: dict, shard, prompt_tokens, n_shards: int) -> pa.Table:
+    """Per-shard requests, estimated prompt tokens and seconds (every shard listed, even empty)."""
+    shard = np.asarray(shard, dtype=np.int64)
+    tokens = np.bincount(shard, weights=np.asarray(prompt_tokens, dtype=np.float64), minlength=n_shards)
+    reqs = np.bincount(shard, minlength=n_shards)
+    secs = est_seconds(config, tokens, reqs)
+    return pa.table({"shard": np.arange(n_shards), "requests": reqs.astype(np.int64),
+                     "est_prompt_tokens": tokens.astype(np.int64), "est_seconds": np.round(secs, 1)})
+
+
+def write_plan_csv(table: pa.Table, path) -> None:
+    lines = [",".join(table.column_names)]
+    cols = [table.column(c).to_pylist() for c in table.column_names]
+    lines += [",".join(str(v) for v in row) for row in zip(*cols)]
+    write_text("\n".join(lines) + "\n", path)
+
+
+def imbalance(loads) -> float:
+    """max/mean of per-shard loads (1.0 = perfect)."""
+    loads = np.asarray(loads, dtype=np.float64)
+    return float(loads.max() / loads.mean()) if len(loads) and loads.mean() > 0 else math.nan

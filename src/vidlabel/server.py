@@ -1,0 +1,269 @@
+"""Lifecycle of the per-job vLLM server: launch, readiness, watchdog, teardown.
+
+One server per classify job, bound to 127.0.0.1 on a free port, with a random API key that only
+this job knows (given to the server in its environment, as ``VLLM_API_KEY``: arguments are visible
+to every user of the node in the process list). The server runs in its own process group so that
+teardown reaches the workers it forks; teardown (SIGTERM, then SIGKILL after a grace period) runs on
+every exit path: the context manager, ``atexit``, and the parent's death (PR_SET_PDEATHSIG on Linux).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import ctypes
+import logging
+import os
+import re
+import secrets
+import shlex
+import signal
+import socket
+import subprocess
+import time
+import weakref
+from pathlib import Path
+from typing import Callable
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TENSOR_PARALLEL = 4
+HEALTH_FAILURES_BEFORE_DEAD = 3
+LOG_TAIL_LINES = 40
+PORT_RETRIES = 3
+_ADDRESS_IN_USE = re.compile(r"address already in use|errno 98", re.IGNORECASE)
+
+
+class ServerError(RuntimeError):
+    """The server could not be started, or died while the job was using it."""
+
+
+class ServerBusy(ServerError):
+    """The smoke request got a 5xx: the server may still become ready."""
+
+
+def free_port() -> int:
+    """A TCP port that is free on 127.0.0.1 right now (the server binds it moments later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def tensor_parallel_size(config: dict) -> int:
+    """GPUs per server: the config value, else the GPUs granted to the job, else 4."""
+    value = config["classify"].get("tensor_parallel_size")
+    if value:
+        return int(value)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if visible and visible not in ("-1", "NoDevFiles"):
+        return len([d for d in visible.split(",") if d.strip()])
+    return DEFAULT_TENSOR_PARALLEL
+
+
+def build_command(config: dict, port: int) -> list[str]:
+    """The server argv from ``classify.server_command`` (values shell-quoted, then split)."""
+    cls, plan = config["classify"], config["planning"]
+    fields = {
+        "model": cls["model"], "port": port, "tensor_parallel_size": tensor_parallel_size(config),
+        "media_root": os.path.realpath(config["media_root"]), "max_model_len": cls["max_model_len"],
+        "max_num_seqs": cls["max_num_seqs"], "min_pixels": plan["min_pixels"],
+        "max_pixels": plan["max_pixels"], "fps": plan["fps"],
+    }
+    quoted = {k: shlex.quote(str(v)) for k, v in fields.items()}
+    try:
+        text = cls["server_command"].format(**quoted)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ServerError(f"config key 'classify.server_command': cannot fill in {exc!r}; fields are "
+                          f"{sorted(fields)} and literal braces must be doubled") from None
+    return shlex.split(text)
+
+
+def log_tail(path: str | Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 64 * 1024))
+            text = fh.read().decode(errors="replace")
+    except FileNotFoundError:
+        return "(no server log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the job process dies, even by SIGKILL (Linux only)."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+_LIVE: "weakref.WeakSet[VLLMServer]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for server in list(_LIVE):
+        server.stop()
+
+
+class VLLMServer:
+    """A server process for one job. ``with VLLMServer(config, log_path) as srv: await srv.wait_ready()``."""
+
+    def __init__(self, config: dict, log_path: str | Path, *, env: dict | None = None):
+        cls = config["classify"]
+        self.config = config
+        self.log_path = Path(log_path)
+        self.port = free_port()
+        self.api_key = secrets.token_urlsafe(32)
+        self.argv = build_command(config, self.port)
+        self.model = cls["model"]
+        self.startup_timeout_s = float(cls["startup_timeout_s"])
+        self.grace_s = float(cls["shutdown_grace_s"])
+        self.health_interval_s = float(cls["health_interval_s"])
+        self.extra_env = dict(env or {})
+        self.proc: subprocess.Popen | None = None
+        self.failure: str | None = None
+
+    @property
+    def root_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.root_url}/v1"
+
+    # ---- launch and teardown ----------------------------------------------------------------
+    def start(self) -> "VLLMServer":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **self.extra_env, "VLLM_API_KEY": self.api_key}
+        log_fh = open(self.log_path, "ab")
+        log_fh.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {shlex.join(self.argv)}\n".encode())
+        log_fh.flush()
+        try:
+            self.proc = subprocess.Popen(
+                self.argv, stdin=subprocess.DEVNULL, stdout=log_fh, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True, preexec_fn=_die_with_parent, close_fds=True)
+        except OSError as exc:
+            raise ServerError(f"cannot start the server ({shlex.join(self.argv)}): {exc}") from None
+        finally:
+            log_fh.close()
+        _LIVE.add(self)
+        log.info("server started (pid %d, port %d), log %s", self.proc.pid, self.port, self.log_path)
+        return self
+
+    def stop(self) -> None:
+        """SIGTERM to the process group, SIGKILL after the grace period. Idempotent."""
+        proc = self.proc
+        if proc is None:
+            return
+        _LIVE.discard(self)
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=self.grace_s)
+            except subprocess.TimeoutExpired:
+                log.warning("server did not exit within %.0f s of SIGTERM; killing it", self.grace_s)
+        # Workers of the group may outlive the leader: SIGKILL whatever is left.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+        log.info("server stopped (exit status %s)", proc.returncode)
+
+    def __enter__(self) -> "VLLMServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ---- readiness and watchdog ------------------------------------------------------------
+    def _lost_port_race(self) -> bool:
+        tail = log_tail(self.log_path, LOG_TAIL_LINES).rsplit("\n==== ", 1)[-1]
+        return bool(_ADDRESS_IN_USE.search(tail))
+
+    def _exited_message(self) -> str:
+        return (f"server exited with status {self.proc.returncode}; last lines of {self.log_path}:\n"
+                f"{log_tail(self.log_path)}")
+
+    async def wait_ready(self) -> None:
+        """Return once /health answers 200 and a one-token request succeeds; ServerError otherwise."""
+        deadline = time.monotonic() + self.startup_timeout_s
+        headers = {"Authorization": f"Bearer {self.api_key}"}
+        restarts = 0
+        async with httpx.AsyncClient(timeout=30.0) as http:
+            while True:
+                if self.proc.poll() is not None:
+                    if self._lost_port_race() and restarts < PORT_RETRIES:
+                        # Another process took the free port between our probe and the server's bind.
+                        restarts += 1
+                        log.warning("port %d was taken before the server bound it; retrying on another", self.port)
+                        self.port = free_port()
+                        self.argv = build_command(self.config, self.port)
+                        self.start()
+                        continue
+                    raise ServerError("server exited during startup: " + self._exited_message())
+                if time.monotonic() > deadline:
+                    raise ServerError(f"server not ready after {self.startup_timeout_s:g} s "
+                                      f"(classify.startup_timeout_s); last lines of {self.log_path}:\n"
+                                      f"{log_tail(self.log_path)}")
+                try:
+                    health = await http.get(f"{self.root_url}/health")
+                except httpx.HTTPError:
+                    health = None
+                if health is not None and health.status_code == 200:
+                    try:
+                        await self._smoke(http, headers)
+                    except ServerBusy as exc:  # overloaded or still warming up: ask again
+                        log.info("server not ready yet: %s", exc)
+                    else:
+                        log.info("server ready on port %d", self.port)
+                        return
+                await asyncio.sleep(0.25)
+
+    async def _smoke(self, http: httpx.AsyncClient, headers: dict) -> None:
+        await smoke_request(http, self.base_url, headers, self.model, self.log_path)
+
+    async def watchdog(self, on_failure: Callable[[str], None]) -> None:
+        """Run until cancelled; on process exit or repeated /health failure call ``on_failure(reason)``."""
+        failures = 0
+        next_health = time.monotonic() + self.health_interval_s
+        async with httpx.AsyncClient(timeout=max(5.0, self.health_interval_s)) as http:
+            while True:
+                if self.proc.poll() is not None:
+                    self.failure = self._exited_message()
+                    on_failure(self.failure)
+                    return
+                if time.monotonic() >= next_health:
+                    try:
+                        ok = (await http.get(f"{self.root_url}/health")).status_code == 200
+                    except httpx.HTTPError:
+                        ok = False
+                    failures = 0 if ok else failures + 1
+                    if failures >= HEALTH_FAILURES_BEFORE_DEAD:
+                        self.failure = (f"server /health failed {failures} times in a row; last lines of "
+                                        f"{self.log_path}:\n{log_tail(self.log_path)}")
+                        on_failure(self.failure)
+                        return
+                    next_health = time.monotonic() + self.health_interval_s
+                await asyncio.sleep(min(0.2, self.health_interval_s))
+
+
+async def smoke_request(http: httpx.AsyncClient, base_url: str, headers: dict, model: str,
+                        log_path: str | Path | None = None) -> None:
+    """One text-only, one-token chat completion: proves the model is loaded and the key works."""
+    body = {"model": model, "messages": [{"role": "user", "content": "Reply with yes."}],
+            "max_tokens": 1, "temperature": 0}
+    try:
+        resp = await http.post(f"{base_url}/chat/completions", json=body,
+                               headers={**headers, "X-Request-Id": f"smoke-{secrets.token_hex(4)}"})
+    except httpx.HTTPError as exc:
+        raise ServerError(f"smoke request to {base_url} failed: {exc!r}") from None
+    if resp.status_code >= 500:
+        raise ServerBusy(f"smoke request to {base_url} answered {resp.status_code}: {resp.text[:200]}")
+    if resp.status_code != 200:
+        tail = f"; last lines of {log_path}:\n{log_tail(log_path)}" if log_path else ""
+        raise ServerError(f"smoke request to {base_url} answered {resp.status_code}: {resp.text[:500]}{tail}")

@@ -1,0 +1,46 @@
+"""The stand-in vLLM server used by tests and benchmarks, and a helper that builds its command template."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+SERVER_SCRIPT = Path(__file__).resolve().with_name("server.py")
+
+
+def _quote_for_template(text: str) -> str:
+    """Shell-quote ``text`` and double its braces so str.format leaves it unchanged."""
+    return shlex.quote(str(text)).replace("{", "{{").replace("}", "}}")
+
+
+def standin_command(python: str | None = None, request_log: str | Path | None = None, *faults: str) -> str:
+    """A ``classify.server_command`` template that launches the stand-in instead of ``vllm serve``.
+
+    ``faults`` are extra stand-in arguments, e.g. ``"--yes-if", "promotes_product=buy"``,
+    ``"--crash-after", "5"`` (see ``tests/standin/server.py --help``). The template keeps the
+    server fields ``{port}``, ``{media_root}`` and ``{model}`` for vidlabel.server to fill in.
+    """
+    parts = [_quote_for_template(python or sys.executable), _quote_for_template(SERVER_SCRIPT),
+             "--host 127.0.0.1 --port {port} --allowed-local-media-path {media_root}",
+             "--served-model {model}"]
+    if request_log is not None:
+        parts += ["--request-log", _quote_for_template(request_log)]
+    parts += [_quote_for_template(f) for f in faults]
+    return " ".join(parts)
+
+
+def read_request_log(path: str | Path) -> list[dict]:
+    """The stand-in's request events (received / completed / cancelled / hanging / crash), in order."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    events = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass  # torn last line of a killed stand-in
+    return events

@@ -1,0 +1,425 @@
+"""Stand-in for a vLLM OpenAI-compatible server, for tests and benchmarks (no GPU, no model).
+
+Launched by the classify job through the same ``classify.server_command`` template as ``vllm serve``.
+It behaves like vLLM 0.33 where the client can tell the difference:
+
+- reads the API key from ``VLLM_API_KEY``; ``/v1/*`` without ``Authorization: Bearer <key>`` → 401
+  ``{"error":"Unauthorized"}``; ``/health`` and ``/metrics`` are open;
+- ``file://`` media outside ``--allowed-local-media-path`` → 400 "... must be a subpath of ...";
+  a missing file → 500 "[Errno 2] No such file or directory";
+- a prompt longer than ``--max-model-len`` → 400 "This model's maximum context length is ...";
+  more video tokens than ``--encoder-cache-tokens`` → 400 "... exceeds the pre-allocated encoder cache size ...";
+- ``max_tokens`` caps the output: a longer answer is cut and ``finish_reason`` is ``length``;
+- a capacity model: ``--slots`` running requests, a waiting queue, service time proportional to the
+  prompt and output tokens, 503 "The engine is currently busy ..." above ``--max-queued`` waiting;
+- ``/metrics`` in Prometheus text with vLLM's metric names.
+
+Answers are deterministic: for every question id listed in the prompt (lines ``- qid: ...``) the
+answer is "yes" iff a word given by ``--yes-if QID=WORD`` occurs (case-insensitive) inside the
+prompt's <caption> or <transcript> block, else "no".
+
+Every request event is appended to ``--request-log`` (JSON lines, flushed): ``received``,
+``completed`` (with the HTTP status), ``cancelled`` (the client went away), with the request id from
+the ``X-Request-Id`` header and the time.
+
+Faults (for the fault-matrix tests): ``--storm-503 START:COUNT``, ``--random-500 P``,
+``--reset-on WORD[:TIMES]``, ``--reset-rate P``, ``--crash-after N``, ``--never-healthy``,
+``--hang-on WORD[:TIMES]``, ``--invalid-json-on WORD``, ``--verbose-on WORD=TOKENS``, ``--slow-start S``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import sys
+import time
+from collections import defaultdict
+
+from aiohttp import web
+
+_QUESTION_LINE = re.compile(r"^\s*-\s*([a-z][a-z0-9_]*)\s*:", re.MULTILINE)
+_BLOCKS = re.compile(r"<(caption|transcript)>(.*?)</\1>", re.DOTALL | re.IGNORECASE)
+
+
+def _word_times(spec: str) -> tuple[str, int]:
+    """'WORD' or 'WORD:TIMES' (TIMES attempts of each matching request are affected; 0 = always)."""
+    word, _, times = spec.partition(":")
+    return word.lower(), int(times) if times else 0
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--allowed-local-media-path", required=True)
+    p.add_argument("--served-model", default="standin-model")
+    p.add_argument("--request-log", default=None, help="JSON-lines file of request events")
+    p.add_argument("--yes-if", action="append", default=[], metavar="QID=WORD")
+    # Token accounting.
+    p.add_argument("--bytes-per-video-token", type=float, default=64.0)
+    p.add_argument("--chars-per-text-token", type=float, default=4.0)
+    p.add_argument("--max-model-len", type=int, default=32768)
+    p.add_argument("--encoder-cache-tokens", type=int, default=0, help="0 = no encoder-cache limit")
+    # Capacity model.
+    p.add_argument("--slots", type=int, default=0, help="running requests at most; 0 = unlimited, no queue")
+    p.add_argument("--max-queued", type=int, default=-1, help="waiting requests at most (-1 = unbounded); over it: 503")
+    p.add_argument("--kv-capacity-tokens", type=int, default=0, help="0 = unlimited KV cache")
+    p.add_argument("--latency", type=float, default=0.0, help="fixed seconds per request")
+    p.add_argument("--prefill-tokens-per-s", type=float, default=0.0, help="0 = prefill is free")
+    p.add_argument("--decode-tokens-per-s", type=float, default=0.0, help="0 = decode is free")
+    p.add_argument("--seed", type=int, default=0)
+    # Faults.
+    p.add_argument("--storm-503", default=None, metavar="START:COUNT",
+                   help="chat requests number START+1 .. START+COUNT answer 503")
+    p.add_argument("--retry-after", type=float, default=None, help="Retry-After header on 503s")
+    p.add_argument("--random-500", type=float, default=0.0, metavar="P", help="of requests with a video")
+    p.add_argument("--reset-on", action="append", default=[], metavar="WORD[:TIMES]",
+                   help="reset the connection mid-response for prompts containing WORD")
+    p.add_argument("--reset-rate", type=float, default=0.0, metavar="P")
+    p.add_argument("--crash-after", type=int, default=0, metavar="N",
+                   help="exit when chat request N+1 arrives")
+    p.add_argument("--never-healthy", action="store_true")
+    p.add_argument("--unhealthy-after", type=int, default=0, metavar="N",
+                   help="/health answers 503 once N chat requests completed (engine dead, HTTP alive)")
+    p.add_argument("--hang-on", action="append", default=[], metavar="WORD[:TIMES]",
+                   help="never answer prompts containing WORD (until the client goes away)")
+    p.add_argument("--invalid-json-on", action="append", default=[], metavar="WORD")
+    p.add_argument("--verbose-on", action="append", default=[], metavar="WORD=TOKENS",
+                   help="the answer to prompts containing WORD needs TOKENS output tokens")
+    p.add_argument("--slow-start", type=float, default=0.0, metavar="S")
+    return p.parse_args(argv)
+
+
+class RequestLog:
+    def __init__(self, path: str | None):
+        self._fh = open(path, "a", buffering=1) if path else None
+
+    def write(self, event: str, request_id: str | None, **fields) -> None:
+        if self._fh is None:
+            return
+        rec = {"event": event, "request_id": request_id, "t": time.time(), "pid": os.getpid(), **fields}
+        self._fh.write(json.dumps(rec) + "\n")
+        self._fh.flush()
+
+
+class Engine:
+    """N running slots and a FIFO waiting queue; the KV cache limits how much prompt can run at once."""
+
+    def __init__(self, args):
+        self.slots = args.slots
+        self.max_queued = args.max_queued
+        self.kv_capacity = args.kv_capacity_tokens
+        self.running = 0
+        self.running_tokens = 0
+        self.waiting: list[tuple[int, asyncio.Future]] = []
+        self.preemptions = 0
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.requests_total = defaultdict(int)
+
+    def full(self) -> bool:
+        return self.slots > 0 and self.max_queued >= 0 and len(self.waiting) >= self.max_queued
+
+    def _fits(self, tokens: int) -> bool:
+        if self.slots > 0 and self.running >= self.slots:
+            return False
+        if self.kv_capacity and self.running and self.running_tokens + tokens > self.kv_capacity:
+            return False
+        return True
+
+    async def acquire(self, tokens: int) -> None:
+        if self.slots <= 0 and not self.kv_capacity:
+            self.running += 1
+            self.running_tokens += tokens
+            return
+        if not self.waiting and self._fits(tokens):
+            self.running += 1
+            self.running_tokens += tokens
+            return
+        fut = asyncio.get_running_loop().create_future()
+        entry = (tokens, fut)
+        self.waiting.append(entry)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if entry in self.waiting:
+                self.waiting.remove(entry)
+            elif fut.done() and not fut.cancelled():
+                self.release(tokens)  # admitted just as the client went away
+            raise
+
+    def release(self, tokens: int) -> None:
+        self.running -= 1
+        self.running_tokens -= tokens
+        while self.waiting and self._fits(self.waiting[0][0]):
+            tok, fut = self.waiting.pop(0)
+            if fut.done():
+                continue
+            self.running += 1
+            self.running_tokens += tok
+            fut.set_result(None)
+
+    def kv_usage(self) -> float:
+        if self.kv_capacity:
+            return min(1.0, self.running_tokens / self.kv_capacity)
+        return 0.0 if self.slots <= 0 else self.running / self.slots
+
+
+def error_body(message: str, code: int, type_: str = "BadRequestError") -> dict:
+    return {"object": "error", "message": message, "type": type_, "param": None, "code": code}
+
+
+class StandIn:
+    def __init__(self, args):
+        self.args = args
+        self.api_key = os.environ.get("VLLM_API_KEY")
+        self.allowed = os.path.realpath(args.allowed_local_media_path)
+        self.log = RequestLog(args.request_log)
+        self.engine = Engine(args)
+        self.rng = random.Random(args.seed)
+        self.yes_if: dict[str, list[str]] = defaultdict(list)
+        for spec in args.yes_if:
+            qid, _, word = spec.partition("=")
+            self.yes_if[qid].append(word.lower())
+        self.storm = tuple(int(x) for x in args.storm_503.split(":")) if args.storm_503 else None
+        self.reset_on = [_word_times(s) for s in args.reset_on]
+        self.hang_on = [_word_times(s) for s in args.hang_on]
+        self.invalid_on = [w.lower() for w in args.invalid_json_on]
+        self.verbose_on = []
+        for spec in args.verbose_on:
+            word, _, tokens = spec.partition("=")
+            self.verbose_on.append((word.lower(), int(tokens)))
+        self.chat_arrivals = 0
+        self.chat_completed = 0
+        self.seen = defaultdict(int)  # attempts per request id, for faults that hit the first TIMES only
+
+    # ---- helpers -------------------------------------------------------------------------------
+    def authorised(self, request: web.Request) -> bool:
+        if not self.api_key:
+            return True
+        return request.headers.get("Authorization", "") == f"Bearer {self.api_key}"
+
+    def _match(self, rules, prompt_lower: str, attempt: int) -> bool:
+        for word, times in rules:
+            if word in prompt_lower and (times == 0 or attempt <= times):
+                return True
+        return False
+
+    def answer_for(self, prompt: str) -> dict[str, str]:
+        blocks = " ".join(m.group(2) for m in _BLOCKS.finditer(prompt)).lower()
+        answers = {}
+        for qid in _QUESTION_LINE.findall(prompt):
+            words = self.yes_if.get(qid, [])
+            answers[qid] = "yes" if any(w and w in blocks for w in words) else "no"
+        return answers
+
+    # ---- routes --------------------------------------------------------------------------------
+    async def health(self, request: web.Request) -> web.Response:
+        dead = self.args.never_healthy or (
+            self.args.unhealthy_after and self.chat_completed >= self.args.unhealthy_after)
+        return web.Response(status=503 if dead else 200)
+
+    async def models(self, request: web.Request) -> web.Response:
+        if not self.authorised(request):
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return web.json_response({"object": "list", "data": [
+            {"id": self.args.served_model, "object": "model", "created": 0, "owned_by": "vllm",
+             "max_model_len": self.args.max_model_len}]})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        e = self.engine
+        label = f'{{engine="0",model_name="{self.args.served_model}"}}'
+        lines = [
+            "# TYPE vllm:num_requests_running gauge", f"vllm:num_requests_running{label} {e.running}",
+            "# TYPE vllm:num_requests_waiting gauge", f"vllm:num_requests_waiting{label} {len(e.waiting)}",
+            "# TYPE vllm:kv_cache_usage_perc gauge", f"vllm:kv_cache_usage_perc{label} {e.kv_usage()}",
+            "# TYPE vllm:num_preemptions_total counter", f"vllm:num_preemptions_total{label} {float(e.preemptions)}",
+            "# TYPE vllm:prompt_tokens_total counter", f"vllm:prompt_tokens_total{label} {float(e.prompt_tokens_total)}",
+            "# TYPE vllm:generation_tokens_total counter",
+            f"vllm:generation_tokens_total{label} {float(e.generation_tokens_total)}",
+        ]
+        for status, n in sorted(e.requests_total.items()):
+            lines.append(f'standin:requests_total{{status="{status}"}} {n}')
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        rid = request.headers.get("X-Request-Id")
+        if not self.authorised(request):
+            self.log.write("completed", rid, status=401)
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        self.chat_arrivals += 1
+        if self.args.crash_after and self.chat_arrivals > self.args.crash_after:
+            self.log.write("crash", rid)
+            sys.stderr.write(f"stand-in: crashing on chat request {self.chat_arrivals}\n")
+            sys.stderr.flush()
+            os._exit(3)
+        self.seen[rid] += 1
+        attempt = self.seen[rid]
+        self.log.write("received", rid, attempt=attempt)
+        try:
+            status, resp = await self._chat(request, rid, attempt)
+        except asyncio.CancelledError:
+            self.log.write("cancelled", rid)
+            raise
+        self.engine.requests_total[status] += 1
+        if status == 200:
+            self.chat_completed += 1
+        return resp
+
+    def _error(self, rid, status: int, message: str, type_: str, headers=None, **fields):
+        self.log.write("completed", rid, status=status, error=message[:200], **fields)
+        return status, web.json_response(error_body(message, status, type_), status=status, headers=headers)
+
+    async def _chat(self, request: web.Request, rid: str | None, attempt: int):
+        args = self.args
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return self._error(rid, 400, "request body is not JSON", "BadRequestError")
+        if body.get("model") != args.served_model:
+            return self._error(rid, 404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+
+        # Admission: a storm, then the capacity cap.
+        n = self.chat_arrivals
+        if self.storm and self.storm[0] < n <= self.storm[0] + self.storm[1]:
+            headers = {"Retry-After": f"{args.retry_after:g}"} if args.retry_after is not None else None
+            return self._error(rid, 503, "The engine is currently busy and cannot accept new requests.",
+                               "ServiceUnavailableError", headers=headers)
+        if self.engine.full():
+            return self._error(rid, 503, "The engine is currently busy and cannot accept new requests.",
+                               "ServiceUnavailableError")
+
+        prompt_parts, video_path = [], None
+        for msg in body.get("messages", []):
+            content = msg.get("content")
+            if isinstance(content, str):
+                prompt_parts.append(content)
+                continue
+            for part in content or []:
+                if part.get("type") == "text":
+                    prompt_parts.append(part.get("text", ""))
+                elif part.get("type") == "video_url":
+                    video_path = part["video_url"]["url"]
+        prompt = "\n".join(prompt_parts)
+        prompt_lower = prompt.lower()
+
+        video_tokens = 0
+        if video_path is not None:
+            if not video_path.startswith("file://"):
+                return self._error(rid, 400, "Only file:// URLs are served by the stand-in", "BadRequestError")
+            path = video_path[len("file://"):]
+            real = os.path.realpath(path)
+            if os.path.commonpath([real, self.allowed]) != self.allowed:
+                return self._error(rid, 400, f"The file path {path} must be a subpath of "
+                                   f"`--allowed-local-media-path` {self.allowed}.", "BadRequestError")
+            try:
+                size = os.stat(real).st_size
+            except FileNotFoundError:
+                return self._error(rid, 500, f"[Errno 2] No such file or directory: '{path}'",
+                                   "InternalServerError")
+            video_tokens = 2 + int(size / args.bytes_per_video_token)
+            if args.encoder_cache_tokens and video_tokens > args.encoder_cache_tokens:
+                return self._error(rid, 400, f"The number of multimodal tokens ({video_tokens}) exceeds the "
+                                   f"pre-allocated encoder cache size ({args.encoder_cache_tokens}).",
+                                   "BadRequestError")
+        prompt_tokens = video_tokens + 1 + int(len(prompt) / args.chars_per_text_token)
+        if prompt_tokens > args.max_model_len:
+            return self._error(rid, 400, f"This model's maximum context length is {args.max_model_len} tokens. "
+                               f"However, your prompt contains at least {prompt_tokens} input tokens.",
+                               "BadRequestError")
+        if video_path is not None and args.random_500 and self.rng.random() < args.random_500:
+            return self._error(rid, 500, "Internal server error (injected)", "InternalServerError")
+
+        # The answer and its length.
+        answers = self.answer_for(prompt)
+        text = json.dumps(answers) if answers else "no"
+        needed = 1 + len(text) // 4
+        for word, tokens in self.verbose_on:
+            if word in prompt_lower:
+                needed = max(needed, tokens)
+                text = json.dumps(answers, indent=" " * 2)
+        if any(w in prompt_lower for w in self.invalid_on):
+            text = "Sure! Here are the answers: " + text.replace('"', "'")
+            needed = 1 + len(text) // 4
+        max_tokens = body.get("max_tokens") or (args.max_model_len - prompt_tokens)
+        finish = "stop"
+        completion_tokens = needed
+        if needed > max_tokens:
+            finish = "length"
+            completion_tokens = max_tokens
+            text = text[: max(1, len(text) * max_tokens // needed - 1)]
+
+        # Service: wait for a slot, then time proportional to the tokens.
+        await self.engine.acquire(prompt_tokens)
+        try:
+            service = args.latency
+            if args.prefill_tokens_per_s:
+                service += prompt_tokens / args.prefill_tokens_per_s
+            if args.decode_tokens_per_s:
+                service += completion_tokens / args.decode_tokens_per_s
+            if self._match(self.hang_on, prompt_lower, attempt):
+                self.log.write("hanging", rid)
+                await asyncio.Event().wait()  # until the client disconnects (handler cancelled)
+            if service > 0:
+                await asyncio.sleep(service)
+        finally:
+            self.engine.release(prompt_tokens)
+        self.engine.prompt_tokens_total += prompt_tokens
+        self.engine.generation_tokens_total += completion_tokens
+
+        payload = {
+            "id": f"chatcmpl-{rid}", "object": "chat.completion", "created": int(time.time()),
+            "model": args.served_model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "finish_reason": finish, "logprobs": None}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens},
+        }
+        data = json.dumps(payload).encode()
+        reset = self._match(self.reset_on, prompt_lower, attempt) or (
+            args.reset_rate and self.rng.random() < args.reset_rate)
+        if reset:
+            resp = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+            resp.content_length = len(data)
+            await resp.prepare(request)
+            await resp.write(data[: len(data) // 2])
+            self.log.write("completed", rid, status=0, error="connection reset mid-response")
+            request.transport.abort()
+            return 0, resp
+        self.log.write("completed", rid, status=200, finish_reason=finish,
+                       prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+        return 200, web.Response(body=data, content_type="application/json")
+
+
+async def main(argv=None) -> None:
+    args = parse_args(argv)
+    print(f"stand-in: starting (pid {os.getpid()}), model {args.served_model}", flush=True)
+    if args.slow_start:
+        await asyncio.sleep(args.slow_start)  # loading weights
+    standin = StandIn(args)
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_get("/health", standin.health)
+    app.router.add_get("/v1/models", standin.models)
+    app.router.add_get("/metrics", standin.metrics)
+    app.router.add_post("/v1/chat/completions", standin.chat)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port, backlog=1024)
+    await site.start()
+    print(f"stand-in: listening on http://{args.host}:{args.port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    import signal
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    print("stand-in: shutting down", flush=True)
+    await runner.cleanup()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

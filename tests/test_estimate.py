@@ -1,0 +1,116 @@
+"""Pilot sampling, the throughput fit and the projection (on synthetic pilot records)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vidlabel import config as cfgmod
+from vidlabel import estimate as es
+
+
+def test_stratified_sample_covers_every_stratum():
+    rng = np.random.default_rng(0)
+    est = rng.lognormal(9, 1, 10_000)
+    pick = es.stratified_sample(est, 200, seed=3)
+    assert len(pick) == 200 == len(set(pick.tolist()))
+    # Each decile of the cost distribution holds 20 of the 200.
+    edges = np.quantile(est, np.linspace(0, 1, 11))
+    counts, _ = np.histogram(est[pick], bins=edges)
+    assert counts.min() >= 19 and counts.max() <= 21
+    assert np.array_equal(pick, es.stratified_sample(est, 200, seed=3))  # deterministic
+    assert len(es.stratified_sample(est[:50], 200)) == 50
+
+
+def synthetic_pilot(n=200, a=2e-4, b=0.02, c=0.5, concurrency=8, seed=1, calibration=1.1):
+    """Records of a server that serves `concurrency` requests at once, each taking a*p + b*c + c."""
+    rng = np.random.default_rng(seed)
+    est = rng.lognormal(np.log(15000), 0.6, n).astype(int)
+    p = (est * calibration).astype(int)
+    comp = rng.integers(10, 60, n)
+    service = a * p + b * comp + c
+    free = np.zeros(concurrency)
+    recs = []
+    t0 = 1000.0
+    for i in range(n):
+        k = int(np.argmin(free))
+        start = t0 + free[k]
+        free[k] += service[i]
+        recs.append({"status": "ok", "prompt_tokens": int(p[i]), "completion_tokens": int(comp[i]),
+                     "est_prompt_tokens": int(est[i]), "latency_s": float(service[i]),
+                     "started_at": float(start), "finished_at": float(start + service[i])})
+    return recs, service, est
+
+
+def test_fit_recovers_the_cost_model_and_rate():
+    recs, service, est = synthetic_pilot()
+    f = es.fit(recs, job_started_at=1000.0 - 30)
+    assert f.calibration == pytest.approx(1.1, rel=0.01)
+    assert f.a_per_prompt_token == pytest.approx(2e-4, rel=0.02)
+    assert f.b_per_completion_token == pytest.approx(0.02, rel=0.05)
+    assert f.c_per_request == pytest.approx(0.5, rel=0.1)
+    assert f.rate == pytest.approx(8, rel=0.05)  # 8 requests served at once
+    assert f.startup_s == pytest.approx(30)
+    # Cost of a request from its estimate reproduces its service time on average.
+    assert f.cost(est).sum() == pytest.approx(service.sum(), rel=0.02)
+
+
+def test_fit_needs_successes():
+    with pytest.raises(ValueError, match="at least 3"):
+        es.fit([{"status": "error", "error_kind": "timeout"}] * 5)
+
+
+def test_projection_schedules_shards_and_costs():
+    cfg = cfgmod.validate({"posts": "p", "media_root": "/m", "planning": {"concurrent_jobs": 2},
+                           "cost": {"gpu_hour_usd": 2.0, "gpus_per_job": 4}})
+    f = es.Fit(requests=100, calibration=1.0, a_per_prompt_token=1e-3, b_per_completion_token=0.0,
+               c_per_request=0.0, mean_completion_tokens=20, rate=1.0, steady_window_s=100,
+               prompt_tokens_per_s=1000, completion_tokens_per_s=20, wall_s=100, startup_s=100.0)
+    # Shards of 3600, 3600 and 7200 cost-seconds (+100 s start-up each) on 2 slots.
+    shards = [np.full(10, 360_000), np.full(10, 360_000), np.full(20, 360_000)]
+    p = es.project(cfg, f, shards)
+    jobs = [3700, 3700, 7300]
+    assert p["wall_hours"] == pytest.approx((3700 + 7300) / 3600)
+    assert p["gpu_hours"] == pytest.approx(sum(jobs) * 4 / 3600)
+    assert p["cost_usd"] == pytest.approx(sum(jobs) * 4 / 3600 * 2.0)
+    assert p["requests"] == 40
+    md = es.summary_md(cfg, f, p, 100)
+    assert "GPU-hours" in md and "## Assumptions" in md
+
+
+def test_list_schedule():
+    assert es.list_schedule([5, 3, 3, 3], 2) == 8
+    assert es.list_schedule([5, 3], 4) == 5
+
+
+def test_pilot_with_the_standin_server(tmp_path):
+    """The estimate target end to end: sample, classify through the stand-in, fit, project, write."""
+    import json
+
+    from standin.shards import make_config, make_video, manifest_rows, write_manifest
+
+    media = tmp_path / "media"
+    posts = [{"post_id": f"p{i}", "media_path": str(make_video(media / f"p{i}.mp4", seconds=1 + i % 3)),
+              "caption": "buy pizza" if i % 2 else "hello", "transcript": "words " * (i * 20)}
+             for i in range(12)]
+    # Service time proportional to tokens: the fit must find a positive per-token cost.
+    cfg = make_config(tmp_path, media, faults=["--prefill-tokens-per-s", "20000", "--latency", "0.02"],
+                      classify={"concurrency": 3})
+    cfg["planning"]["pilot_size"] = 8
+    cfg["planning"]["concurrent_jobs"] = 2
+    rows = manifest_rows(cfg, posts)
+    shards = [write_manifest(tmp_path / "m" / f"shard-{i}.parquet", rows[i::2]) for i in range(2)]
+    out = tmp_path / "results"
+    result = es.run(cfg, shards, out / "estimate.json", out / "estimate.md", out / "estimate",
+                    tmp_path / "server-pilot.log")
+    saved = json.loads((out / "estimate.json").read_text())
+    assert saved["pilot"]["requests"] == 8 and saved["pilot"]["calibration"] > 0
+    assert saved["projection"]["requests"] == 12 and saved["projection"]["shards"] == 2
+    assert saved["pilot"]["a_per_prompt_token"] > 0
+    assert saved["projection"]["gpu_hours"] > 0 and saved["projection"]["cost_usd"] > 0
+    assert result["projection"]["wall_hours"] == saved["projection"]["wall_hours"]
+    assert "Assumptions" in (out / "estimate.md").read_text()
+    # Re-running reuses the pilot's journal: nothing is classified twice.
+    journal = (out / "estimate" / "pilot.jsonl").read_text().splitlines()
+    es.run(cfg, shards, out / "estimate.json", out / "estimate.md", out / "estimate", tmp_path / "server-pilot.log")
+    assert (out / "estimate" / "pilot.jsonl").read_text().splitlines() == journal

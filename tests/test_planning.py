@@ -1,0 +1,137 @@
+"""Context gate, re-planning, token-balanced shards, plan.csv and the server's media path."""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import pytest
+
+from vidlabel import config as cfgmod
+from vidlabel import planning as pl
+from vidlabel import tokens as tk
+
+
+def make_config(**planning) -> dict:
+    cfg = cfgmod.validate({"posts": "p.csv", "media_root": "/m"})
+    cfg["planning"].update(planning)
+    return cfg
+
+
+def test_fitting_posts_are_as_is():
+    cfg = make_config()
+    p = pl.plan_posts(cfg, [16.0, 60.0], [30.0, 30.0], [1280, 640], [720, 480], [500, 500])
+    assert p.action.tolist() == ["as-is", "as-is"]
+    assert p.visual_tokens.tolist() == [11520, 60 * 17 * 23]
+    assert p.prompt_tokens.tolist() == [12020, 60 * 17 * 23 + 500]
+
+
+def test_over_limit_exclude_gives_too_long():
+    cfg = make_config(over_limit="exclude")
+    # 60 s 720x1280: 60 pairs * 720 cells = 43,200 > 32,768 - 512 - 300.
+    p = pl.plan_posts(cfg, [60.0, 10.0], [30.0, 30.0], [1280, 1280], [720, 720], [300, 300])
+    assert p.action.tolist() == ["too_long", "as-is"]
+    assert "43500 prompt tokens + max_tokens 512 > max_model_len 32768" in p.plan[0]
+
+
+def test_replan_picks_the_richest_plan_that_fits():
+    cfg = make_config()
+    budget = 32768 - 512 - 300
+    p = pl.plan_posts(cfg, [60.0], [30.0], [1280], [720], [300])
+    assert p.action.tolist() == ["replan"]
+    # Candidates: fps 1 at full size = 30 pairs * 720 = 21,600; fps 2 at max_pixels/2 (301,056):
+    # computed by the rule below; the chosen plan is the larger that fits (with one pair of margin).
+    half = tk.smart_resize(720, 1280, tk.Sampling().min_pixels, 301056)
+    half_tokens = 60 * (int(half[0][0]) // 28) * (int(half[1][0]) // 28)
+    expected = max(t for t in (21600, half_tokens) if t + 720 <= budget)
+    assert int(p.visual_tokens[0]) == expected
+    assert int(p.visual_tokens[0]) + 300 + 512 <= 32768
+    assert p.plan[0].startswith("replan: ") and "43200->" in p.plan[0]
+    # The plan is what a transcode at (fps, max_pixels) would give, re-estimated independently.
+    est = pl.media_estimate(cfg, p.duration_s, p.fps, [1280], [720], p.max_pixels)
+    assert int(est.tokens[0]) == int(p.visual_tokens[0])
+
+
+def test_replan_lowers_fps_for_long_videos_and_trims_only_as_last_resort():
+    cfg = make_config(max_duration_s=300)
+    d = [600.0, 100000.0]
+    p = pl.plan_posts(cfg, d, [30.0, 30.0], [1920, 720], [1080, 1280], [300, 300])
+    assert p.action.tolist() == ["replan", "replan"]
+    assert "fps 2->" in p.plan[0] and "trim" not in p.plan[0]
+    assert p.duration_s[0] == 600.0 and p.fps[0] < 2
+    # 100,000 s: even fps/128 at min_pixels is too much; the trim to 300 s makes it fit.
+    assert "trim 100000s->300s" in p.plan[1] and p.duration_s[1] == 300.0
+    assert (p.prompt_tokens + 512 <= 32768).all()
+
+
+def test_nothing_fits_is_too_long_even_when_replanning():
+    cfg = make_config()
+    p = pl.plan_posts(cfg, [100000.0], [30.0], [1280], [720], [300])
+    assert p.action.tolist() == ["too_long"]
+    assert "no lower fps/pixel bound/trim fits" in p.plan[0]
+    # A huge transcript alone can exceed the context: no video plan helps.
+    p = pl.plan_posts(cfg, [5.0], [30.0], [640], [480], [40000])
+    assert p.action.tolist() == ["too_long"]
+
+
+def test_balance_is_deterministic_and_order_independent():
+    rng = np.random.default_rng(1)
+    costs = rng.lognormal(9, 1, 5000).astype(np.int64)
+    keys = np.array([f"r{i:05d}" for i in range(5000)])
+    a = pl.balance_shards(costs, keys, 16)
+    perm = rng.permutation(5000)
+    b = pl.balance_shards(costs[perm], keys[perm], 16)
+    assert np.array_equal(a[perm], b)
+    assert np.array_equal(a, pl.balance_shards(costs, keys, 16))
+
+
+def test_balance_beats_count_based_sharding():
+    rng = np.random.default_rng(7)
+    costs = (rng.lognormal(9, 1.2, 3000)).astype(np.int64)
+    keys = [f"r{i}" for i in range(3000)]
+    shard = pl.balance_shards(costs, keys, 32)
+    loads = np.bincount(shard, weights=costs, minlength=32)
+    by_count = np.bincount(np.arange(3000) % 32, weights=costs, minlength=32)
+    assert pl.imbalance(loads) <= 1.05
+    assert pl.imbalance(loads) < pl.imbalance(by_count)
+    # LPT bound: no shard exceeds the mean by more than the largest single item.
+    assert loads.max() <= loads.mean() + costs.max()
+
+
+def test_balance_ties_broken_by_request_id():
+    shard = pl.balance_shards([5, 5, 5, 5], ["d", "b", "a", "c"], 2)
+    # Sorted by id: a->0, b->1, c->0 (load tie -> lowest index), d->1
+    assert shard.tolist() == [1, 1, 0, 0]
+
+
+def test_plan_csv(tmp_path):
+    cfg = make_config()
+    t = pl.plan_table(cfg, [0, 0, 2], [1000, 3000, 5080], 3)
+    path = tmp_path / "plan.csv"
+    pl.write_plan_csv(t, path)
+    rows = list(csv.DictReader(open(path)))
+    assert [r["shard"] for r in rows] == ["0", "1", "2"]
+    assert [int(r["requests"]) for r in rows] == [2, 0, 1]
+    assert [int(r["est_prompt_tokens"]) for r in rows] == [4000, 0, 5080]
+    completion = pl.expected_completion_tokens(cfg)  # 16 + 8 * 1 question
+    assert completion == 24
+    assert float(rows[2]["est_seconds"]) == pytest.approx((5080 + completion) / 5080, abs=0.05)
+    assert float(rows[1]["est_seconds"]) == 0
+
+
+def test_allowed_media_path(tmp_path):
+    media = tmp_path / "data" / "media"
+    media.mkdir(parents=True)
+    cfg = make_config()
+    cfg["media_root"] = str(media)
+    cfg["results"] = str(tmp_path / "data" / "results")
+    # Transcoding possible (replan is the default): the common parent of media and results.
+    assert pl.allowed_media_path(cfg) == str(tmp_path / "data")
+    cfg["results"] = str(media / "results")
+    assert pl.allowed_media_path(cfg) == str(media)
+    cfg["planning"]["over_limit"] = "exclude"
+    cfg["results"] = "/elsewhere/results"
+    assert pl.allowed_media_path(cfg) == str(media)  # no transcoded file is ever sent
+    cfg["planning"]["transcode"]["enabled"] = True
+    with pytest.raises(pl.MediaPathError, match="filesystem root"):
+        pl.allowed_media_path(cfg)

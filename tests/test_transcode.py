@@ -1,0 +1,121 @@
+"""Pre-transcode: output fps, size and frame count checked with a probe; failures are records."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from planning_helpers import inventory_row, make_clip, write_inventory
+from vidlabel import config as cfgmod
+from vidlabel import planning as pl
+from vidlabel import transcode as tc
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory):
+    d = tmp_path_factory.mktemp("media")
+    return {
+        "land": make_clip(d / "land.mp4", 640, 360, 5),
+        "port": make_clip(d / "port.mp4", 1080, 1920, 4),
+        "long": make_clip(d / "long.mp4", 640, 360, 30, rate=10),
+        "text": _text_file(d / "notavideo.mp4"),
+        "root": d,
+    }
+
+
+def _text_file(path):
+    path.write_text("this is not a video\n")
+    return path
+
+
+def make_config(root, tmp_path, **planning) -> dict:
+    cfg = cfgmod.validate({"posts": "p.csv", "media_root": str(root), "results": str(tmp_path / "results")})
+    cfg["planning"]["transcode"].update({"chunks": 1, **planning.pop("transcode", {})})
+    cfg["planning"].update(planning)
+    return cfg
+
+
+def inventory(clips, tmp_path):
+    rows = [
+        inventory_row("land", clips["land"], duration_s=5.0, fps=30.0, width=640, height=360, caption="hi"),
+        inventory_row("port", clips["port"], duration_s=4.0, fps=30.0, width=1080, height=1920),
+        inventory_row("long", clips["long"], duration_s=30.0, fps=10.0, width=640, height=360),
+        # Probed fine earlier, unreadable now: the transcode must record, not crash.
+        inventory_row("text", clips["text"], duration_s=3.0, fps=30.0, width=640, height=360),
+        inventory_row("gone", clips["root"] / "missing.mp4", probe_error="No such file or directory"),
+    ]
+    return write_inventory(rows, tmp_path / "inventory.parquet")
+
+
+def test_transcode_all_posts_to_the_planned_fps_and_size(clips, tmp_path):
+    cfg = make_config(clips["root"], tmp_path, transcode={"enabled": True})
+    inv = inventory(clips, tmp_path)
+    out = tmp_path / "transcoded" / "chunk-0.parquet"
+    table = tc.run_chunk(cfg, inv, 0, out, tmp_path / "media-out")
+    rows = {r["post_id"]: r for r in pq.read_table(out).to_pylist()}
+    assert set(rows) == {"land", "port", "long", "text"}  # the probe-error post is not this stage's
+    # 640x360 -> 644x364 (nearest 28-multiples), 2 fps over 5 s = 10 frames.
+    for pid, (w, h, frames) in {"land": (644, 364, 10), "port": (560, 1008, 8), "long": (644, 364, 60)}.items():
+        r = rows[pid]
+        assert r["status"] == "ok", r
+        probed = tc.probe_output(r["media_path"])
+        assert (probed["width"], probed["height"], probed["frames"]) == (w, h, frames)
+        assert (r["width"], r["height"], r["frames"]) == (w, h, frames)
+        assert probed["fps"] == pytest.approx(2.0, rel=0.02)
+        assert r["plan"] == "as-is"
+        with __import__("av").open(r["media_path"]) as c:
+            assert len(c.streams.audio) == 0
+    bad = rows["text"]
+    assert bad["status"] == "error" and bad["media_path"] is None
+    assert "Invalid data" in bad["error"] or "moov atom" in bad["error"]
+    assert table.num_rows == 4
+
+
+def test_disabled_transcodes_only_replanned_posts_and_resumes(clips, tmp_path):
+    # A small context: the 30 s clip (60 frames = 30 pairs * 299 cells = 8,970 tokens) cannot fit.
+    cfg = make_config(clips["root"], tmp_path)
+    cfg["classify"]["max_model_len"] = 4096
+    inv = inventory(clips, tmp_path)
+    out = tmp_path / "transcoded" / "chunk-0.parquet"
+    media = tmp_path / "media-out"
+    tc.run_chunk(cfg, inv, 0, out, media)
+    rows = {r["post_id"]: r for r in pq.read_table(out).to_pylist()}
+    assert set(rows) == {"long"}
+    r = rows["long"]
+    assert r["status"] == "ok" and r["plan_action"] == "replan" and r["plan"].startswith("replan: ")
+    probed = tc.probe_output(r["media_path"])
+    # The file the server reads has exactly the plan's frames and size, and fits the context.
+    plan = pl.plan_posts(cfg, [30.0], [10.0], [640], [360],
+                         pl.text_tokens_for(cfg, [None], None, [30.0]))
+    fps, w, h = pl.transcode_target(cfg, plan.fps, plan.max_pixels, [640.0], [360.0], [10.0])
+    assert (probed["width"], probed["height"]) == (int(w[0]), int(h[0]))
+    assert probed["frames"] == round(30 * float(fps[0]))
+    est = pl.media_estimate(cfg, [probed["duration_s"]], [probed["fps"]], [probed["width"]], [probed["height"]])
+    assert int(est.tokens[0]) <= int(plan.visual_tokens[0]) + (int(w[0]) // 28) * (int(h[0]) // 28)
+    assert int(est.tokens[0]) + int(plan.text_tokens[0]) + 512 <= 4096
+
+    # Resume: a rerun re-encodes nothing and keeps the same file.
+    journal = out.with_suffix(".jsonl")
+    before = journal.read_text()
+    mtime = (media / r["media_path"].split("/")[-1]).stat().st_mtime_ns
+    tc.run_chunk(cfg, inv, 0, out, media)
+    assert journal.read_text() == before
+    assert (media / r["media_path"].split("/")[-1]).stat().st_mtime_ns == mtime
+    assert [json.loads(x)["post_id"] for x in before.splitlines()] == ["long"]
+
+
+def test_transcode_file_failure_message(tmp_path):
+    with pytest.raises(RuntimeError, match="No such file or directory"):
+        tc.transcode_file(str(tmp_path / "absent.mp4"), tmp_path / "o.mp4", 2, 280, 280)
+    assert not (tmp_path / "o.mp4").exists()
+    assert list(tmp_path.iterdir()) == []  # no temporary file left behind
+
+
+def test_trim(clips, tmp_path):
+    dst = tmp_path / "t.mp4"
+    tc.transcode_file(str(clips["long"]), dst, 1.0, 336, 196, duration_s=12.0)
+    probed = tc.probe_output(dst)
+    assert probed["frames"] == 12 and probed["duration_s"] == pytest.approx(12.0, abs=0.6)
+    assert (probed["width"], probed["height"]) == (336, 196)
