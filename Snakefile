@@ -22,10 +22,13 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [f"{workflow.basedir}/sr
 # Fail before any job: a bad key or a bad posts table is reported with the key / rows at fault.
 import vidlabel.config
 import vidlabel.inventory
+import vidlabel.planning
 
 vidlabel.config.validate(config, f"{workflow.basedir}/workflow/schemas/config.schema.yaml")
 if workflow.is_main_process:
     vidlabel.inventory.load_posts(config["posts"], config["media_root"])
+    if not config["classify"]["endpoints"]:
+        vidlabel.planning.allowed_media_path(config)  # the one directory the server may read
 
 
 include: "workflow/rules/common.smk"

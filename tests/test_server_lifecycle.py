@@ -49,7 +49,9 @@ def _config(tmp_path: Path, **classify) -> dict:
 
 def test_default_command_fills_every_field_and_keeps_json_arguments(tmp_path):
     cfg = vconfig.validate({"posts": "p.csv", "media_root": str(tmp_path / "my media"),
-                            "classify": {"tensor_parallel_size": 2, "max_model_len": 16384}})
+                            "results": str(tmp_path / "results"),
+                            "classify": {"tensor_parallel_size": 2, "max_model_len": 16384},
+                            "planning": {"over_limit": "exclude"}})
     argv = build_command(cfg, 8123)
     assert argv[:3] == ["vllm", "serve", "Qwen/Qwen2.5-VL-72B-Instruct"]
     opt = {argv[i]: argv[i + 1] for i in range(3, len(argv) - 1) if argv[i].startswith("--")}
@@ -60,17 +62,21 @@ def test_default_command_fills_every_field_and_keeps_json_arguments(tmp_path):
     assert json.loads(opt["--mm-processor-kwargs"]) == {"min_pixels": 100352, "max_pixels": 602112}
     assert json.loads(opt["--media-io-kwargs"]) == {"video": {"fps": 2}}
     assert "--api-key" not in argv
+    # Re-planned videos are transcoded under results/: the server may then read the common parent.
+    cfg["planning"]["over_limit"] = "replan"
+    argv = build_command(cfg, 8123)
+    assert argv[argv.index("--allowed-local-media-path") + 1] == os.path.realpath(tmp_path)
 
 
 def test_bad_template_field_is_named(tmp_path):
-    cfg = vconfig.validate({"posts": "p.csv", "media_root": str(tmp_path),
+    cfg = vconfig.validate({"posts": "p.csv", "media_root": str(tmp_path), "results": str(tmp_path / "r"),
                             "classify": {"server_command": "vllm serve {modle} --port {port}"}})
     with pytest.raises(ServerError, match="classify.server_command.*modle"):
         build_command(cfg, 1)
 
 
 def test_tensor_parallel_size_from_config_then_visible_gpus_then_four(monkeypatch, tmp_path):
-    cfg = vconfig.validate({"posts": "p.csv", "media_root": str(tmp_path)})
+    cfg = vconfig.validate({"posts": "p.csv", "media_root": str(tmp_path), "results": str(tmp_path / "r")})
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert tensor_parallel_size(cfg) == 4
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,3")

@@ -19,6 +19,7 @@ import random
 import re
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -322,7 +323,8 @@ class ClassifyClient:
     # ---- one request ------------------------------------------------------------------------
     def _messages(self, row: dict) -> list[dict]:
         return [{"role": "user", "content": [
-            {"type": "video_url", "video_url": {"url": "file://" + row["media_path"]}},
+            # as_uri() percent-encodes spaces, quotes and non-ASCII; vLLM decodes with url2pathname.
+            {"type": "video_url", "video_url": {"url": Path(row["media_path"]).as_uri()}},
             {"type": "text", "text": row["prompt"]},
         ]}]
 

@@ -59,7 +59,8 @@ class MediaPathError(ValueError):
 
 def transcoded_media_dir(config: dict) -> Path:
     """Where transcoded videos are written (absolute)."""
-    return (Path(config.get("results", "results")) / "transcoded" / "media").resolve()
+    configured = config["planning"]["transcode"].get("media_dir")
+    return Path(configured or Path(config.get("results", "results")) / "transcoded" / "media").resolve()
 
 
 def transcode_possible(config: dict) -> bool:
@@ -76,8 +77,9 @@ def allowed_media_path(config: dict) -> str:
     if common == Path(common.anchor):
         raise MediaPathError(
             f"media_root {root} and the transcoded media directory {transcoded_media_dir(config)} share no "
-            "parent but the filesystem root; the server may read from one directory only. Put 'results' "
-            "inside or next to media_root (or disable planning.transcode and set planning.over_limit: exclude)")
+            "parent but the filesystem root; the server may read from one directory only. Set "
+            "planning.transcode.media_dir to a directory on media_root's tree (or disable planning.transcode "
+            "and set planning.over_limit: exclude)")
     return str(common)
 
 

@@ -28,6 +28,8 @@ from typing import Callable
 
 import httpx
 
+from vidlabel.planning import allowed_media_path
+
 log = logging.getLogger(__name__)
 
 DEFAULT_TENSOR_PARALLEL = 4
@@ -68,7 +70,7 @@ def build_command(config: dict, port: int) -> list[str]:
     cls, plan = config["classify"], config["planning"]
     fields = {
         "model": cls["model"], "port": port, "tensor_parallel_size": tensor_parallel_size(config),
-        "media_root": os.path.realpath(config["media_root"]), "max_model_len": cls["max_model_len"],
+        "media_root": allowed_media_path(config), "max_model_len": cls["max_model_len"],
         "max_num_seqs": cls["max_num_seqs"], "min_pixels": plan["min_pixels"],
         "max_pixels": plan["max_pixels"], "fps": plan["fps"],
     }

@@ -37,6 +37,8 @@ import random
 import re
 import sys
 import time
+import urllib.parse
+import urllib.request
 from collections import defaultdict
 
 from aiohttp import web
@@ -311,7 +313,9 @@ class StandIn:
         if video_path is not None:
             if not video_path.startswith("file://"):
                 return self._error(rid, 400, "Only file:// URLs are served by the stand-in", "BadRequestError")
-            path = video_path[len("file://"):]
+            # Like vLLM's MediaConnector: decode the URL, resolve symlinks, then check the parents.
+            parsed = urllib.parse.urlparse(video_path)
+            path = urllib.request.url2pathname(parsed.netloc + parsed.path)
             real = os.path.realpath(path)
             if os.path.commonpath([real, self.allowed]) != self.allowed:
                 return self._error(rid, 400, f"The file path {path} must be a subpath of "

@@ -6,7 +6,7 @@ rule transcode:
     output:
         f"{RESULTS}/transcoded/chunk-{{chunk}}.parquet",
     params:
-        media_dir=f"{RESULTS}/transcoded/media",
+        media_dir=vidlabel.planning.transcoded_media_dir(config),
     log:
         "logs/transcode/chunk-{chunk}.log",
     conda:
