@@ -32,7 +32,7 @@ def standin_command(python: str | None = None, request_log: str | Path | None = 
 
 
 def read_request_log(path: str | Path) -> list[dict]:
-    """The stand-in's request events (received / completed / cancelled / hanging / crash), in order."""
+    """The stand-in's request events (received / media / completed / cancelled / hanging / crash), in order."""
     path = Path(path)
     if not path.exists():
         return []

@@ -320,6 +320,7 @@ class StandIn:
             if os.path.commonpath([real, self.allowed]) != self.allowed:
                 return self._error(rid, 400, f"The file path {path} must be a subpath of "
                                    f"`--allowed-local-media-path` {self.allowed}.", "BadRequestError")
+            self.log.write("media", rid, path=real)  # which file the server would decode
             try:
                 size = os.stat(real).st_size
             except FileNotFoundError:
