@@ -61,8 +61,9 @@ def write_overlay(workdir: Path, demo_root: Path, overrides: dict | None = None)
 def snakemake_command(workdir: Path, *args: str, profile: Path | None = None, timeout: int = 900) -> list[str]:
     """The user's command, run from `workdir`, wrapped in `timeout -s KILL` so a stuck run cannot hang CI."""
     return ["timeout", "-s", "KILL", str(timeout), str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"),
-            "-d", str(workdir), "--profile", str(profile or REPO / "profiles" / "local"),
-            "--configfile", str(REPO / "config" / "config.yaml"), str(workdir / "test-config.yaml"), *args]
+            "-d", str(workdir), "--profile", str(profile or REPO / "profiles" / "local"), *args,
+            # last: --configfile takes every word after it, targets included
+            "--configfile", str(REPO / "config" / "config.yaml"), str(workdir / "test-config.yaml")]
 
 
 def run_snakemake(workdir: Path, *args: str, profile: Path | None = None, timeout: int = 900,

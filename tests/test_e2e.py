@@ -33,7 +33,17 @@ def run_dir(tmp_path_factory, demo_set):
     demo_root, info = demo_set
     yes_if = [arg for qid, word in RULES.items() for arg in ("--yes-if", f"{qid}={word}")]
     command = standin_command(sys.executable, workdir / "requests.jsonl", *yes_if, "--latency", "0.05")
-    write_overlay(workdir, demo_root, {"classify": {"server_command": command}})
+    # Human labels for the good posts: the truth is what was spoken; one label disagrees on purpose.
+    human = workdir / "human_labels.csv"
+    with open(human, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["post_id", "question", "label"])
+        for post_id, expected in sorted(info.items()):
+            if expected["probe_ok"]:
+                writer.writerow([post_id, "promotes_product", "yes" if expected["promotes_product"] else "no"])
+        writer.writerow(["no-such-post", "promotes_product", "yes"])  # reported, not silently dropped
+    write_overlay(workdir, demo_root, {"classify": {"server_command": command}, "human_labels": str(human),
+                                       "planning": {"pilot_size": 6}})
     return workdir, info
 
 
@@ -161,3 +171,47 @@ def test_journal_has_one_record_per_request(finished):
     for journal in sorted((workdir / "results" / "journal").glob("shard-*.jsonl")):
         ids = [json.loads(line)["request_id"] for line in journal.read_text().splitlines()]
         assert len(ids) == len(set(ids)), journal
+
+
+def read_csv(path):
+    with open(path) as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_agreement_and_corrected_prevalence_with_human_labels(finished):
+    workdir, info = finished
+    summary = workdir / "results" / "summary"
+    labels = {r["post_id"]: r for r in pq.read_table(workdir / "results" / "labels.parquet").to_pylist()}
+    human = {p: ("yes" if e["promotes_product"] else "no") for p, e in info.items() if e["probe_ok"]}
+    pairs = [(human[p], labels[p]["promotes_product"]) for p in human]
+    tp = sum(h == "yes" and m == "yes" for h, m in pairs)
+    fp = sum(h == "no" and m == "yes" for h, m in pairs)
+    fn = sum(h == "yes" and m == "no" for h, m in pairs)
+    tn = sum(h == "no" and m == "no" for h, m in pairs)
+    agreement = {r["question"]: r for r in read_csv(summary / "agreement.csv")}
+    row = agreement["promotes_product"]
+    assert (int(row["n"]), int(row["tp"]), int(row["fp"]), int(row["fn"]), int(row["tn"])) == (len(pairs), tp, fp, fn, tn)
+    assert float(row["accuracy"]) == pytest.approx((tp + tn) / len(pairs))
+    assert float(row["accuracy_lo"]) <= float(row["accuracy"]) <= float(row["accuracy_hi"])
+
+    prevalence = {r["question"]: r for r in read_csv(summary / "prevalence.csv")}["promotes_product"]
+    assert int(prevalence["human_n"]) == len(human)
+    assert float(prevalence["human_share"]) == pytest.approx(sum(h == "yes" for h, _ in pairs) / len(pairs))
+    lo, est, hi = (float(prevalence[k]) for k in ("corrected_lo", "corrected", "corrected_hi"))
+    assert 0 <= lo <= est <= hi <= 1 and hi > lo
+    # The label for an unknown post is reported, not silently dropped.
+    issues = [r for r in read_csv(summary / "errors.csv") if r["stage"] == "human_labels"]
+    assert sum(int(r["count"]) for r in issues) == 1
+    assert "no-such-post" in (summary / "summary.md").read_text()
+
+
+def test_estimate_target_projects_from_a_pilot(finished):
+    workdir, _ = finished
+    before = len(read_request_log(workdir / "requests.jsonl"))
+    run_snakemake(workdir, "estimate")
+    estimate = json.loads((workdir / "results" / "estimate.json").read_text())
+    pilot_requests = [e for e in read_request_log(workdir / "requests.jsonl")[before:] if e["event"] == "received"]
+    assert 0 < len(pilot_requests) <= 6 + 2  # the pilot sample (plus the readiness smoke request)
+    flat = json.dumps(estimate)
+    assert "wall" in flat and "gpu_hours" in flat and "cost" in flat
+    assert (workdir / "results" / "estimate.md").read_text().strip()

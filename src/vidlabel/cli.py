@@ -51,17 +51,27 @@ def missing_for_classification() -> str:
     )
 
 
+def write_demo_human_labels(expected: dict, path: Path) -> None:
+    """Human labels for the demo: what each good post says is the truth for `promotes_product`."""
+    rows = ["post_id,question,label"]
+    rows += [f"{post_id},promotes_product,{'yes' if e['promotes_product'] else 'no'}"
+             for post_id, e in sorted(expected.items()) if e["probe_ok"]]
+    path.write_text("\n".join(rows) + "\n")
+
+
 def demo(data_dir: Path, snakemake_args: list[str]) -> int:
     from vidlabel import config as vconfig
     from vidlabel.demo import make_demo_set
 
     data_dir = data_dir.resolve()
     if not (data_dir / "posts.csv").exists():
-        make_demo_set(data_dir)
-        print(f"demo posts written to {data_dir}")
+        expected = make_demo_set(data_dir)
+        write_demo_human_labels(expected, data_dir / "human_labels.csv")
+        print(f"demo posts and human labels written to {data_dir}")
     overlay_path = data_dir / "demo.yaml"
     if not overlay_path.exists():
         overlay = {"posts": str(data_dir / "posts.csv"), "media_root": str(data_dir / "media"),
+                   "human_labels": str(data_dir / "human_labels.csv"),
                    "transcribe": {"chunks": 2, "compute_type": "int8", "device": "cpu"},
                    "classify": {"model": "Qwen/Qwen2.5-VL-7B-Instruct", "max_model_len": 16384}}
         model = local_whisper_model()
