@@ -18,7 +18,7 @@ from pathlib import Path
 
 from _common import setup
 
-from vidlabel.client import ClassifyClient, ClientSettings
+from vidlabel.client import ClassifyClient, ClientSettings, run
 from vidlabel.server import VLLMServer
 
 
@@ -56,7 +56,7 @@ def main() -> None:
         cfg, rows = setup(Path(tmp), args.requests)
         print(f"client_overhead: {args.requests} requests, zero-latency stand-in")
         for c in args.concurrency:
-            rate, ok, client_ms, server_ms = asyncio.run(one_round(cfg, rows, c))
+            rate, ok, client_ms, server_ms = run(one_round(cfg, rows, c))
             print(f"  concurrency {c:4d}: {rate:8.0f} completed req/s ({ok}/{len(rows)} ok); CPU per request: "
                   f"client {client_ms:.2f} ms, stand-in {server_ms:.2f} ms -> client alone could do "
                   f"{1000 / client_ms:.0f} req/s per core")

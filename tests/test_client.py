@@ -237,3 +237,36 @@ def test_adaptive_concurrency_grows_to_fill_the_server(tmp_path, media):
     assert all(r["status"] == "ok" for r in recs)
     assert max(limits) >= 8  # grew from the floor until the 8 slots were busy
     assert max(limits) <= 12
+
+
+def test_chat_request_from_template_equals_the_librarys_own():
+    """_AsyncOpenAI builds chat requests after the first from a template: same URL, headers, body."""
+    import json
+
+    import openai
+    from openai._models import FinalRequestOptions
+
+    from vidlabel.client import CHAT_PATH, _AsyncOpenAI, _make_openai
+
+    client = _make_openai("http://127.0.0.1:9/v1", "secret", 4)
+    settings = ClientSettings(model="m", questions=QUESTIONS)
+    classify_client = ClassifyClient([("http://127.0.0.1:9/v1", "secret")], settings)
+
+    def options(rid: str, body: bytes) -> FinalRequestOptions:
+        return FinalRequestOptions.construct(method="post", url=CHAT_PATH, content=body, headers={
+            "X-Request-Id": rid, "X-Stainless-Retry-Count": openai.Omit()})
+
+    first = client._build_request(options("r0", b"{}"))
+    assert client._chat_template is not None
+    body = classify_client._body({"media_path": "/m/a b.mp4", "prompt": "é \"q\"", "request_id": "r1"}, 64)
+    assert json.loads(body)["messages"][0]["content"][0]["video_url"]["url"] == "file:///m/a%20b.mp4"
+    fast = client._build_request(options("r1", body))
+    library = openai.AsyncOpenAI._build_request(client, options("r1", body))
+    assert isinstance(client, _AsyncOpenAI) and fast is not first
+    assert (fast.method, fast.url, fast.content, fast.extensions) == \
+        (library.method, library.url, library.content, library.extensions)
+    assert sorted(fast.headers.raw) == sorted(library.headers.raw)
+    assert fast.headers["x-request-id"] == "r1" and fast.headers["authorization"] == "Bearer secret"
+    assert not any(k.lower().startswith(b"x-stainless") for k, _ in fast.headers.raw)
+    client.api_key = "other"  # a changed key is not served from the old template
+    assert client._build_request(options("r2", body)).headers["authorization"] == "Bearer other"

@@ -7,8 +7,10 @@ import json
 import os
 import re
 import signal
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from standin import read_request_log
 from standin.shards import expected_answers, make_config, make_video, manifest_rows, write_manifest
 from vidlabel.classify import ShardIncomplete, ShardLocked, run_shard
 from vidlabel.journal import iter_records, read_latest
+from vidlabel.planning import allowed_media_path
 from vidlabel.server import ServerError
 
 JOB_SCRIPT = Path(__file__).resolve().parent / "standin" / "job.py"
@@ -202,7 +205,8 @@ def test_hang_on_one_request_times_out_and_is_retried(make_shard):
     assert all(r["status"] == "ok" for r in labels.values())
     assert labels["post003"]["attempts"] == 2
     rid = shard.rid("post003")
-    events = [e["event"] for e in shard.events() if e["request_id"] == rid]
+    # (the stand-in also logs which media file it read: not part of this sequence)
+    events = [e["event"] for e in shard.events() if e["request_id"] == rid and e["event"] != "media"]
     assert events[:3] == ["received", "hanging", "cancelled"]  # the client went away; vLLM cancels
     shard.check_journal_and_resends()
 
@@ -270,12 +274,18 @@ def test_too_long_and_encoder_cache_are_permanent(make_shard):
     shard.check_journal_and_resends()
 
 
-def test_missing_video_and_path_outside_media_root_are_bad_media(make_shard, tmp_path):
+def test_missing_video_and_path_outside_media_root_are_bad_media(make_shard):
     shard = make_shard(5)
     shard.posts[1]["media_path"] = str(shard.media / "gone.mp4")
-    outside = make_video(tmp_path / "outside" / "x.mp4")
-    shard.posts[3]["media_path"] = str(outside)
-    shard.run(shard.config())
+    # Outside the one directory the server may read (the parent of media_root and the transcoded media).
+    elsewhere = Path(tempfile.mkdtemp(prefix="vidlabel-outside-"))
+    shard.posts[3]["media_path"] = str(make_video(elsewhere / "x.mp4"))
+    config = shard.config()  # writes the manifest
+    assert not str(elsewhere).startswith(allowed_media_path(config) + os.sep)
+    try:
+        shard.run(config)
+    finally:
+        shutil.rmtree(elsewhere)
     labels = shard.check_complete_labels()
     assert (labels["post001"]["error_kind"], labels["post001"]["http_status"], labels["post001"]["attempts"]) == \
         ("bad_media", 500, 1)

@@ -29,7 +29,7 @@ import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vidlabel.client import ClassifyClient, ClientSettings, FatalClientError, Stats, Stopped
+from vidlabel.client import ClassifyClient, ClientSettings, FatalClientError, Stats, Stopped, run
 from vidlabel.io import write_parquet
 from vidlabel.journal import Journal, JournalLocked
 from vidlabel.server import ServerError, VLLMServer, smoke_request
@@ -138,7 +138,7 @@ def run_shard(config: dict, shard_path: str | Path, output_path: str | Path, jou
         log.info("shard %d: %d requests, %d already terminal in %s, %d to send", shard, len(rows),
                  len(rows) - len(pending), journal_path, len(pending))
         if pending:
-            asyncio.run(_classify(config, pending, journal, prior, server_log_path, shard, len(rows)))
+            run(_classify(config, pending, journal, prior, server_log_path, shard, len(rows)))
         final = journal.read()
     finally:
         journal.close()
