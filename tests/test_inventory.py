@@ -8,6 +8,7 @@ import subprocess
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.csv
 import pyarrow.parquet as pq
 import pytest
 
@@ -249,3 +250,102 @@ def test_load_audio(demo):
     # Cut after its index: decodes "successfully" but short; the warning says so.
     audio, warning = load_audio(demo.media / "truncated-after-index.mp4", expected_s=3.5)
     assert warning and ("partial file" in warning or "decoded" in warning)
+
+
+def _path_tree(tmp_path):
+    """media/ with symlinks in and out, unicode names; outside/ next to it; posts rows covering each case."""
+    media, outside = tmp_path / "media", tmp_path / "outside"
+    (media / "sub dir").mkdir(parents=True)
+    outside.mkdir()
+    for path in (media / "real.mp4", media / "sub dir" / "é ü 🎬.mp4", outside / "x.mp4"):
+        path.write_bytes(b"x")
+    (media / "link-in.mp4").symlink_to(media / "real.mp4")
+    (media / "chain.mp4").symlink_to("link-in.mp4")  # relative link to a link
+    (media / "link-out.mp4").symlink_to(outside / "x.mp4")
+    (media / "dangling.mp4").symlink_to(media / "nowhere.mp4")
+    (media / "dir-in").symlink_to(media / "sub dir")
+    (media / "dir-out").symlink_to(outside)
+    rows = {
+        "real": "media/real.mp4",
+        "absolute": str(media / "real.mp4"),
+        "unicode": "media/sub dir/é ü 🎬.mp4",
+        "link_in": "media/link-in.mp4",
+        "chain": "media/chain.mp4",
+        "dangling": "media/dangling.mp4",
+        "dir_in": "media/dir-in/é ü 🎬.mp4",
+        "dir_in_missing": "media/dir-in/gone.mp4",
+        "dotdot_in": "media/sub dir/../real.mp4",
+        "double_slash": "media//sub dir//é ü 🎬.mp4",
+        "missing": "media/missing.mp4",
+        "missing_dir": "media/no such dir/missing.mp4",
+        "trailing_dotdot": "media/sub dir/..",
+        "home": "~/media/real.mp4",
+        "link_out": "media/link-out.mp4",
+        "dir_out": "media/dir-out/x.mp4",
+        "dotdot_out": "media/../outside/x.mp4",
+        "dotdot_link_out": "media/dir-out/../outside/x.mp4",  # '..' after a symlink: from its target
+        "plain_out": str(outside / "x.mp4"),
+    }
+    return media, rows
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_paths_resolve_like_realpath_and_only_media_root_passes(tmp_path, monkeypatch, fmt):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    media, rows = _path_tree(tmp_path)
+    table = pa.table({"post_id": list(rows), "video_path": list(rows.values())})
+    posts = tmp_path / f"posts.{fmt}"
+    if fmt == "csv":
+        pa.csv.write_csv(table, posts)
+    else:
+        pq.write_table(table, posts)
+    # The expectation, row by row with the standard library.
+    expected = {p: os.path.realpath(os.path.join(tmp_path, os.path.expanduser(s))) for p, s in rows.items()}
+    root = os.path.realpath(media)
+    expected_out = {p for p, full in expected.items() if os.path.commonpath([root, full]) != root}
+    assert expected_out == {"link_out", "dir_out", "dotdot_out", "dotdot_link_out", "plain_out"}
+
+    got = load_posts(posts, tmp_path)  # everything is inside tmp_path
+    assert dict(zip(got.column("post_id").to_pylist(), got.column("video_path").to_pylist())) == expected
+    assert got.column("source_path").to_pylist() == list(rows.values())
+
+    with pytest.raises(PostsError) as err:
+        load_posts(posts, media)
+    message = str(err.value)
+    assert f"outside media_root {root} " in message and f"in {len(expected_out)} row(s)" in message
+    for post_id in rows:
+        assert (f"'{post_id}'): {expected[post_id]}" in message) == (post_id in expected_out), post_id
+
+
+def test_symlinks_found_where_a_directory_cannot_be_listed(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    media, rows = _path_tree(tmp_path)
+    posts = write_csv(tmp_path / "posts.csv", [("link_in", rows["link_in"]), ("link_out", rows["link_out"])])
+
+    def unlistable(path):
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(os, "scandir", unlistable)
+    with pytest.raises(PostsError) as err:
+        load_posts(posts, media)
+    assert "'link_out'" in str(err.value) and "'link_in'" not in str(err.value)
+    got = load_posts(posts, tmp_path)
+    assert got.column("video_path").to_pylist() == [str(media / "real.mp4"), str(tmp_path / "outside" / "x.mp4")]
+
+
+def test_blank_paths_and_ids_with_unicode_whitespace(tmp_path):
+    table = pa.table(
+        {
+            "post_id": ["ok", "\u3000", None, "a", "a ", "a"],
+            "video_path": ["good-01.mp4", "good-03.mp4", "x.mp4", "\t\u00a0", None, "y.mp4"],
+        }
+    )
+    posts = tmp_path / "posts.parquet"
+    pq.write_table(table, posts)
+    with pytest.raises(PostsError) as err:
+        load_posts(posts, tmp_path)
+    message = str(err.value)
+    assert "empty post_id in 2 row(s): row 2, row 3" in message
+    assert "duplicate post_id, 1 value(s): 'a' (rows 4, 6)" in message  # 'a ' is another id
+    assert "empty video_path in 2 row(s): row 4 (post_id 'a'), row 5 (post_id 'a ')" in message
+    assert "outside media_root" not in message

@@ -54,10 +54,12 @@ class PostsError(ValueError):
     """The posts table cannot be used as given; the message names the offending rows."""
 
 
-def _listing(items: list[str]) -> str:
+def _listing(items: list[str], total: int | None = None) -> str:
+    """The first items (of ``total``, by default all of them) and how many more there are."""
+    total = len(items) if total is None else total
     shown = ", ".join(items[:_SHOW])
-    if len(items) > _SHOW:
-        shown += f", and {len(items) - _SHOW} more"
+    if total > _SHOW:
+        shown += f", and {total - _SHOW} more"
     return shown
 
 
@@ -103,21 +105,72 @@ def _scan_directory(directory: Path) -> pa.Table:
     return pa.table({"post_id": pa.array(post_ids, pa.string()), "video_path": pa.array(sources, pa.string())})
 
 
-class _Resolver:
-    """Resolve symlinks and '..' of many paths, caching the directories (one lstat per file)."""
+def _blank(values: pa.Array) -> pa.Array:
+    """True where a string is null or whitespace only (the whitespace ``str.strip`` removes)."""
+    return pc.fill_null(pc.equal(pc.utf8_trim_whitespace(values), ""), True)
 
-    def __init__(self) -> None:
-        self._dirs: dict[str, str] = {}
 
-    def __call__(self, path: str) -> str:
-        head, name = os.path.split(path)
-        if name in ("", ".", ".."):
-            return os.path.realpath(path)
-        parent = self._dirs.get(head)
-        if parent is None:
-            parent = self._dirs[head] = os.path.realpath(head)
-        full = os.path.join(parent, name)
-        return os.path.realpath(full) if os.path.islink(full) else full
+def _rows(mask: pa.Array) -> list[int]:
+    return pc.indices_nonzero(mask).to_pylist()
+
+
+def _symlinks_in(directory: str) -> list[str] | None:
+    """Names of the symlinks in ``directory``; None where it exists but cannot be listed."""
+    try:
+        with os.scandir(directory) as entries:
+            return [entry.name for entry in entries if entry.is_symlink()]
+    except (FileNotFoundError, NotADirectoryError):
+        return []  # nothing there, so no symlinks either
+    except OSError:
+        return None  # e.g. one may pass through but not list it: each file there gets its realpath
+
+
+def _resolve_paths(sources: pa.Array, base_dir: str) -> pa.Array:
+    """``os.path.realpath`` of every path (null stays null), relative ones taken from ``base_dir``.
+
+    '~' is expanded. A realpath per file is a million lstat calls on a large table, so the
+    directories are resolved once each, and one listing per directory finds its symlinked files:
+    only those (and names '', '.', '..') get a realpath of their own. A missing file keeps its name.
+    """
+    tilde = pc.fill_null(pc.starts_with(sources, "~"), False)
+    if pc.any(tilde).as_py():
+        expanded = [os.path.expanduser(s) for s in sources.filter(tilde).to_pylist()]
+        sources = pc.replace_with_mask(sources, tilde, pa.array(expanded, pa.string()))
+    absolute = sources
+    relative = pc.invert(pc.fill_null(pc.starts_with(sources, "/"), True))
+    if pc.any(relative).as_py():
+        absolute = pc.if_else(relative, pc.binary_join_element_wise(base_dir.rstrip("/"), sources, "/"), sources)
+
+    parts = pc.split_pattern(absolute, "/", max_splits=1, reverse=True)
+    heads = pc.dictionary_encode(pc.list_element(parts, 0))
+    names = pc.list_element(parts, 1)
+    # "" is the head of "/name"; a trailing "/" on a head does not change its realpath.
+    real_dirs = [os.path.realpath(head or "/") for head in heads.dictionary.to_pylist()]
+    prefixes = [d if d.endswith("/") else d + "/" for d in real_dirs]
+    full = pc.binary_join_element_wise(pa.array(prefixes, pa.string()).take(heads.indices), names, "")
+
+    listings: dict[str, list[str] | None] = {}
+    for prefix in prefixes:
+        if prefix not in listings:
+            listings[prefix] = _symlinks_in(prefix)
+    links = [prefix + name for prefix, found in listings.items() for name in found or ()]
+    unlisted = [index for index, prefix in enumerate(prefixes) if listings[prefix] is None]
+    own = pc.is_in(names, value_set=pa.array(["", ".", ".."]))
+    if links:
+        own = pc.or_(own, pc.is_in(full, value_set=pa.array(links, pa.string())))
+    if unlisted:
+        own = pc.or_(own, pc.is_in(heads.indices, value_set=pa.array(unlisted, heads.indices.type)))
+    own = pc.fill_null(own, False)
+    if pc.any(own).as_py():
+        resolved = [os.path.realpath(path) for path in absolute.filter(own).to_pylist()]
+        full = pc.replace_with_mask(full, own, pa.array(resolved, pa.string()))
+    return full
+
+
+def _outside(paths: pa.Array, root: str) -> pa.Array:
+    """True where a resolved path is neither ``root`` nor below it (null paths are not outside)."""
+    below = pc.starts_with(paths, root if root.endswith("/") else root + "/")
+    return pc.fill_null(pc.invert(pc.or_(pc.equal(paths, root), below)), False)
 
 
 def _row_label(table: pa.Table, index: int) -> str:
@@ -168,46 +221,42 @@ def load_posts(posts: str | os.PathLike, media_root: str | os.PathLike) -> pa.Ta
     if "caption" not in table.column_names:
         table = table.append_column("caption", pa.nulls(len(table), pa.string()))
 
-    post_ids = table.column("post_id").to_pylist()
-    sources = table.column("video_path").to_pylist()
+    post_ids = table.column("post_id").combine_chunks()
+    sources = table.column("video_path").combine_chunks()
     problems: list[str] = []
 
-    empty_ids = [i for i, p in enumerate(post_ids) if p is None or not p.strip()]
+    empty_id = _blank(post_ids)
+    empty_ids = _rows(empty_id)
     if empty_ids:
         problems.append(f"empty post_id in {len(empty_ids)} row(s): " + _listing([f"row {i + 1}" for i in empty_ids]))
 
-    rows_by_id: dict[str, list[int]] = {}
-    for i, p in enumerate(post_ids):
-        if p is not None and p.strip():
+    ids = pc.if_else(empty_id, pa.scalar(None, pa.string()), post_ids)
+    counts = pc.value_counts(ids.drop_null())
+    repeated = counts.field("values").filter(pc.greater(counts.field("counts"), 1))
+    if len(repeated):
+        rows_by_id: dict[str, list[int]] = {}  # in the order of each id's first row
+        dup_rows = _rows(pc.fill_null(pc.is_in(ids, value_set=repeated), False))
+        for i, p in zip(dup_rows, ids.take(dup_rows).to_pylist()):
             rows_by_id.setdefault(p, []).append(i)
-    dups = [(p, rows) for p, rows in rows_by_id.items() if len(rows) > 1]
-    if dups:
         problems.append(
-            f"duplicate post_id, {len(dups)} value(s): "
-            + _listing([f"{p!r} (rows {', '.join(str(r + 1) for r in rows)})" for p, rows in dups])
+            f"duplicate post_id, {len(rows_by_id)} value(s): "
+            + _listing([f"{p!r} (rows {', '.join(str(r + 1) for r in rows)})" for p, rows in rows_by_id.items()])
         )
 
-    empty_paths = [i for i, s in enumerate(sources) if s is None or not s.strip()]
+    empty_path = _blank(sources)
+    empty_paths = _rows(empty_path)
     if empty_paths:
         problems.append(
-            f"empty video_path in {len(empty_paths)} row(s): " + _listing([_row_label(table, i) for i in empty_paths])
+            f"empty video_path in {len(empty_paths)} row(s): "
+            + _listing([_row_label(table, i) for i in empty_paths[:_SHOW]], len(empty_paths))
         )
 
-    resolve = _Resolver()
-    resolved: list[str | None] = []
-    outside: list[int] = []
-    for i, source in enumerate(sources):
-        if source is None or not source.strip():
-            resolved.append(None)
-            continue
-        full = resolve(os.path.join(base_dir, os.path.expanduser(source)))
-        resolved.append(full)
-        if os.path.commonpath([root, full]) != root:
-            outside.append(i)
+    resolved = _resolve_paths(pc.if_else(empty_path, pa.scalar(None, pa.string()), sources), str(base_dir))
+    outside = _rows(_outside(resolved, root))
     if outside:
         problems.append(
             f"video_path outside media_root {root} (after resolving symlinks and '..') in {len(outside)} row(s): "
-            + _listing([f"{_row_label(table, i)}: {resolved[i]}" for i in outside])
+            + _listing([f"{_row_label(table, i)}: {resolved[i].as_py()}" for i in outside[:_SHOW]], len(outside))
         )
 
     if problems:
@@ -218,7 +267,7 @@ def load_posts(posts: str | os.PathLike, media_root: str | os.PathLike) -> pa.Ta
         {
             "post_id": table.column("post_id"),
             "source_path": table.column("video_path"),
-            "video_path": pa.array(resolved, pa.string()),
+            "video_path": resolved,
             "caption": table.column("caption"),
             **{c: table.column(c) for c in extras},
         }
