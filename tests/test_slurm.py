@@ -14,8 +14,11 @@ its rerun); part 2 runs the vidlabel workflow on the demo posts with the stand-i
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -23,8 +26,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import yaml
+
+from conftest import run_snakemake, write_overlay
+from standin import read_request_log, standin_command
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -335,15 +342,11 @@ def local_rules() -> set[str]:
 
 
 def labels_by_post(workdir: Path) -> dict[str, dict]:
-    import pyarrow.parquet as pq
-
     rows = pq.read_table(workdir / "results" / "labels.parquet").to_pylist()
     return {r["post_id"]: {k: v for k, v in r.items() if k not in TIMING_COLUMNS} for r in rows}
 
 
 def journal_ok_ids(path: Path) -> set[str]:
-    import json
-
     if not path.exists():
         return set()
     records = [json.loads(line) for line in path.read_bytes().splitlines(keepends=True) if line.endswith(b"\n")]
@@ -355,10 +358,6 @@ def prepared_workdir(name, tmp_path_factory, demo_set, reference: Path, server_c
     """A workflow directory whose inventory, transcripts and manifest are copied from the local
     reference run (so only classify, merge and aggregate run); ``server_command(workdir)`` gives
     the classify server command."""
-    import shutil
-
-    from conftest import write_overlay
-
     workdir = tmp_path_factory.mktemp(name)
     demo_root, _ = demo_set
     for part in ("inventory.parquet", "transcripts", "transcoded", "manifest"):
@@ -376,10 +375,6 @@ def prepared_workdir(name, tmp_path_factory, demo_set, reference: Path, server_c
 def crash_once_command(workdir: Path, crash_after: int) -> str:
     """The stand-in; the first server to start (whichever shard) exits when chat request
     ``crash_after``+1 arrives (the readiness check counts as one), every later one works."""
-    import shlex
-
-    from standin import standin_command
-
     standin = standin_command(sys.executable, workdir / "requests.jsonl", *YES_IF, "--latency", "0.2")
     marker = workdir / "crashed-once"
     script = (f"mkdir {shlex.quote(str(marker))} 2>/dev/null && exec {standin} --crash-after {crash_after}"
@@ -390,8 +385,6 @@ def crash_once_command(workdir: Path, crash_after: int) -> str:
 def barrier_command(workdir: Path, server: str, servers: int) -> str:
     """``server`` once ``servers`` such commands have started (each leaves a file in a barrier
     directory); gives up after 50 s, within the job's startup timeout, if the others never start."""
-    import shlex
-
     barrier = shlex.quote(str(workdir / "server-barrier"))
     script = (f"mkdir -p {barrier} && touch {barrier}/$$ && n=0 && "
               f"while [ $(ls {barrier} | wc -l) -lt {servers} ]; do "
@@ -402,9 +395,6 @@ def barrier_command(workdir: Path, server: str, servers: int) -> str:
 @pytest.fixture(scope="module")
 def local_reference(demo_set, tmp_path_factory):
     """The whole workflow with the local profile: the results SLURM must reproduce."""
-    from conftest import run_snakemake, write_overlay
-    from standin import standin_command
-
     workdir = tmp_path_factory.mktemp("local-reference")
     demo_root, _ = demo_set
     command = standin_command(sys.executable, workdir / "requests.jsonl", *YES_IF, "--latency", "0.05")
@@ -418,9 +408,6 @@ def slurm_e2e(slurm_cluster, demo_set, tmp_path_factory, local_reference):
     """The whole workflow through the shipped SLURM profile. Each shard's server waits until both
     have started (so the two shard jobs must run at the same time), then answers slowly enough
     (concurrency 2, 1 s per request) that both serve at the same time."""
-    from conftest import write_overlay
-    from standin import standin_command
-
     workdir = tmp_path_factory.mktemp("slurm-e2e")
     demo_root, _ = demo_set
     command = barrier_command(workdir, standin_command(sys.executable, workdir / "requests.jsonl", *YES_IF,
@@ -469,8 +456,6 @@ def test_e2e_results_equal_the_local_profile(slurm_e2e, local_reference):
 def test_two_shard_jobs_at_once_use_different_ports(slurm_e2e):
     """Both shard jobs ran on the one node at the same time, each with its own server port and its
     own GPUs, and both succeeded."""
-    from standin import read_request_log
-
     workdir, _, jobs = slurm_e2e
     classify = [j for j in jobs if rule_of(j).startswith("classify_")]
     assert len(classify) == 2 and all(j["State"] == "COMPLETED" for j in classify)
@@ -506,8 +491,6 @@ def crashed_shard(jobs: list[dict[str, str]]) -> int:
 @pytest.fixture(scope="module")
 def crash_then_rerun(slurm_cluster, demo_set, tmp_path_factory, local_reference):
     """One shard's server crashes, no retries (--retries 0): the run fails; then the same command again."""
-    from standin import read_request_log
-
     workdir = crashing_workdir("slurm-rerun", tmp_path_factory, demo_set, local_reference)
     profile = overlay_profile(slurm_cluster, workdir / "profile")
     first = run_workflow(slurm_cluster, workdir, profile, "--retries", "0")
@@ -524,8 +507,6 @@ def crash_then_rerun(slurm_cluster, demo_set, tmp_path_factory, local_reference)
 @slurm
 @pytest.mark.slow
 def test_crashed_shard_fails_alone_and_the_same_command_resumes_it(crash_then_rerun, local_reference):
-    from standin import read_request_log
-
     workdir, shard, (first, first_jobs, finished, events_before), (second, second_jobs) = crash_then_rerun
     other = 1 - shard
     assert first.proc.returncode != 0
@@ -556,8 +537,6 @@ def crash_with_retry(slurm_cluster, demo_set, tmp_path_factory, local_reference)
 @slurm
 @pytest.mark.slow
 def test_crashed_shard_is_resubmitted_and_resumes_in_the_same_run(crash_with_retry, local_reference):
-    from standin import read_request_log
-
     workdir, run, jobs = crash_with_retry
     assert yaml.safe_load(SHIPPED_PROFILE.read_text())["retries"] == 1
     assert run.proc.returncode == 0, run.output[-8000:]
@@ -567,10 +546,74 @@ def test_crashed_shard_is_resubmitted_and_resumes_in_the_same_run(crash_with_ret
     # Every request was answered once: nothing finished by the crashed attempt was sent again.
     completed = [e["request_id"] for e in read_request_log(workdir / "requests.jsonl")
                  if e.get("event") == "completed" and e.get("status") == 200 and e.get("request_id")]
-    import pyarrow.parquet as pq
-
     manifest_ids = {r["request_id"] for p in (workdir / "results" / "manifest").glob("shard-*.parquet")
                     for r in pq.read_table(p).to_pylist()}
     requests = [rid for rid in completed if rid in manifest_ids]
     assert sorted(requests) == sorted(manifest_ids)
+    assert labels_by_post(workdir) == labels_by_post(local_reference)
+
+
+def slow_once_command(workdir: Path) -> str:
+    """The stand-in; the first server to start answers slowly (25 s per request) and leaves its
+    SLURM job ID in ``workdir/slow-once/job``; every later server answers at once."""
+    slow = standin_command(sys.executable, workdir / "requests.jsonl", *YES_IF, "--latency", "25")
+    fast = standin_command(sys.executable, workdir / "requests.jsonl", *YES_IF, "--latency", "0.05")
+    marker = shlex.quote(str(workdir / "slow-once"))
+    script = (f"if mkdir {marker} 2>/dev/null; then echo $SLURM_JOB_ID > {marker}/job.tmp && "
+              f"mv {marker}/job.tmp {marker}/job && exec {slow}; else exec {fast}; fi")
+    return f"sh -c {shlex.quote(script)}"
+
+
+@pytest.fixture(scope="module")
+def time_limit_run(slurm_cluster, demo_set, tmp_path_factory, local_reference):
+    """A shard job whose time limit is cut to one minute while it runs (scontrol), with the shipped
+    profile's retries: 1: SLURM's SIGTERM ends the job, the retry resumes the shard."""
+    workdir = prepared_workdir("slurm-timelimit", tmp_path_factory, demo_set, local_reference, slow_once_command,
+                               {"concurrency": 1, "request_timeout_s": 60})
+    profile = overlay_profile(slurm_cluster, workdir / "profile")
+    command = ["timeout", "-s", "KILL", "600", str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"),
+               "-d", str(workdir), "--profile", str(profile), *workflow_args(workdir)]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(command, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=slurm_cluster.env())
+    job_file = workdir / "slow-once" / "job"
+    slow_job = None
+    while proc.poll() is None and time.monotonic() - t0 < 300:
+        if job_file.exists():
+            slow_job = job_file.read_text().strip()
+            subprocess.run(["scontrol", "update", f"jobid={slow_job}", "TimeLimit=1"], check=True,
+                           env=slurm_cluster.env())
+            break
+        time.sleep(0.2)
+    output, _ = proc.communicate(timeout=600)
+    assert slow_job, f"the slow shard's server never started:\n{output[-6000:]}"
+    match = re.search(r"SLURM run ID: (\S+)", output)
+    assert match, output[-6000:]
+    run = Run(subprocess.CompletedProcess(command, proc.returncode, output, ""), match.group(1),
+              time.monotonic() - t0)
+    return workdir, slow_job, run, sacct_jobs(slurm_cluster, match.group(1))
+
+
+@slurm
+@pytest.mark.slow
+def test_time_limit_sigterm_keeps_the_journal_and_the_retry_resumes(time_limit_run, local_reference):
+    workdir, slow_job, run, jobs = time_limit_run
+    assert run.proc.returncode == 0, run.output[-8000:]
+    timed_out = [j for j in jobs if j["JobID"] == slow_job]
+    assert timed_out and timed_out[0]["State"] == "TIMEOUT", jobs
+    shard = int(rule_of(timed_out[0]).split("_wildcards_")[1])
+    attempts = [j for j in jobs if rule_of(j) == f"classify_wildcards_{shard}"]
+    assert [j["State"] for j in attempts] == ["TIMEOUT", "COMPLETED"]
+    # The rule's log holds the last attempt only (Snakemake clears it before a job starts); the
+    # SLURM log of each job keeps its attempt.
+    log = (workdir / "logs" / "slurm" / "rule_classify" / str(shard) / f"{slow_job}.log").read_text()
+    assert "JobInterrupted" in log and "stopped by SIGTERM" in log, log[-3000:]
+    # Requests answered before the time limit were journaled and not sent again by the retry.
+    retry_start = time.mktime(time.strptime(attempts[1]["Start"], "%Y-%m-%dT%H:%M:%S"))
+    events = read_request_log(workdir / "requests.jsonl")
+    before = {e["request_id"] for e in events if e["t"] < retry_start and e.get("event") == "completed"
+              and e.get("status") == 200 and e.get("request_id")}
+    after = {e["request_id"] for e in events if e["t"] >= retry_start and e.get("event") == "received"}
+    assert before, "no request finished before the time limit"
+    assert before & after == set()
     assert labels_by_post(workdir) == labels_by_post(local_reference)
