@@ -34,7 +34,7 @@ demo: setup
 
 test: setup
 	@if [ "$$(id -u)" = 0 ] && [ -f /etc/debian_version ]; then bash .ci/slurm-cluster.sh start; \
-	else echo "SLURM tests need root on Debian to start the local cluster; set VIDLABEL_SLURM_TESTS=0 to skip them with that reason"; fi
+	else echo "SLURM tests need root on Debian to start the local cluster; set VIDLABEL_SLURM_TESTS=0 and VIDLABEL_SLURM_TESTS_REASON=... to skip them, or run make test-fast"; fi
 	$(BIN)/pytest -q
 
 # Everything but the SLURM cluster tests.

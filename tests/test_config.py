@@ -79,3 +79,31 @@ def test_schema_documents_every_key():
 
     walk(schema, "")
     assert missing == []
+
+
+def test_strings_from_snakemake_config_flag_are_coerced():
+    """Nested `--config` values reach the workflow as strings (YAML BaseLoader)."""
+    cfg = vconfig.deep_merge(base(), {"planning": {"transcode": {"enabled": "true", "chunks": "8"}, "fps": "1.5"},
+                                      "classify": {"shards": "3", "model": "123"}})
+    vconfig.validate(cfg)
+    assert cfg["planning"]["transcode"] == {"enabled": True, "chunks": 8, "crf": 23, "media_dir": None}
+    assert cfg["planning"]["fps"] == 1.5
+    assert cfg["classify"]["shards"] == 3 and cfg["classify"]["model"] == "123"  # strings stay strings
+
+
+def test_uncoercible_string_is_still_named():
+    cfg = vconfig.deep_merge(base(), {"classify": {"shards": "many"}})
+    with pytest.raises(vconfig.ConfigError, match="'classify.shards'"):
+        vconfig.validate(cfg)
+
+
+def test_slurm_profile_turns_pre_transcoding_on():
+    """The SLURM profile's `config:` entries, parsed the way Snakemake parses them, then validated."""
+    from snakemake.cli import parse_config
+
+    profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
+    cfg = vconfig.load(REPO / "config" / "config.yaml", parse_config(profile["config"]))
+    assert cfg["planning"]["transcode"]["enabled"] is True
+    assert cfg["planning"]["transcode"]["chunks"] == 2  # the rest of the section is kept (deep merge)
+    local = yaml.safe_load((REPO / "profiles" / "local" / "config.yaml").read_text())
+    assert "config" not in local

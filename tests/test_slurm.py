@@ -398,7 +398,9 @@ def local_reference(demo_set, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("local-reference")
     demo_root, _ = demo_set
     command = standin_command(sys.executable, workdir / "requests.jsonl", *YES_IF, "--latency", "0.05")
-    write_overlay(workdir, demo_root, {"classify": {"server_command": command}})
+    # The SLURM profile pre-transcodes every video; so does the reference, for equal inputs.
+    write_overlay(workdir, demo_root, {"classify": {"server_command": command},
+                                       "planning": {"transcode": {"enabled": True}}})
     run_snakemake(workdir)
     return workdir
 

@@ -33,6 +33,46 @@ def _extend_with_defaults(validator_class):
 _DefaultFillingValidator = _extend_with_defaults(jsonschema.Draft202012Validator)
 
 
+def _coerce_scalar(value: str, types: list[str]):
+    """A string that reads as one of ``types``, or the string itself."""
+    text = value.strip()
+    for type_ in types:
+        if type_ == "boolean" and text.lower() in ("true", "false"):
+            return text.lower() == "true"
+        if type_ == "null" and text.lower() in ("null", "none", "~"):
+            return None
+        if type_ in ("integer", "number"):
+            try:
+                number = int(text) if type_ == "integer" else float(text)
+            except ValueError:
+                continue
+            return number
+    return value
+
+
+def coerce_strings(instance: Any, schema: dict) -> Any:
+    """Turn strings into the booleans and numbers the schema asks for.
+
+    Snakemake parses nested `--config` values (and a profile's `config:`) with YAML's BaseLoader,
+    which leaves every scalar a string: `--config planning='{transcode: {enabled: true}}'` must
+    still mean True.
+    """
+    if isinstance(instance, dict):
+        props = schema.get("properties", {})
+        for key, value in instance.items():
+            if key in props:
+                instance[key] = coerce_strings(value, props[key])
+        return instance
+    if isinstance(instance, list) and isinstance(schema.get("items"), dict):
+        return [coerce_strings(item, schema["items"]) for item in instance]
+    if isinstance(instance, str):
+        types = schema.get("type", [])
+        types = [types] if isinstance(types, str) else list(types)
+        if "string" not in types and "enum" not in schema:
+            return _coerce_scalar(instance, types)
+    return instance
+
+
 def _key_path(error: jsonschema.ValidationError) -> str:
     parts = [str(p) for p in error.absolute_path]
     if error.validator == "additionalProperties":
@@ -54,7 +94,9 @@ def validate(config: dict[str, Any], schema_path: str | Path | None = None) -> d
     """Fill defaults into ``config`` (in place) and validate it; raise ConfigError naming each bad key."""
     if not isinstance(config, dict):
         raise ConfigError("config must be a mapping of keys to values")
-    validator = _DefaultFillingValidator(load_schema(schema_path))
+    schema = load_schema(schema_path)
+    coerce_strings(config, schema)
+    validator = _DefaultFillingValidator(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
         lines = [f"config key '{_key_path(e)}': {e.message}" for e in errors]
