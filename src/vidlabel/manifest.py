@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 import string
+import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +30,8 @@ from vidlabel import planning
 from vidlabel import tokens as tk
 from vidlabel.io import write_parquet
 from vidlabel.prompt import _BLOCK_TAGS, render_prompt, render_questions, request_id
+
+log = logging.getLogger(__name__)
 
 SHARD_SCHEMA = pa.schema([
     ("request_id", pa.string()),
@@ -169,6 +174,7 @@ def _lookup(keys: pa.Array, table: pa.Table | None, column: str, dtype) -> pa.Ar
 
 def build(config: dict, inventory_path, transcript_paths, transcode_paths, shard_paths, excluded_path,
           plan_path) -> None:
+    started = time.monotonic()
     c = config["classify"]
     template, questions, model = c["prompt_template"], c["questions"], c["model"]
     n_shards = len(shard_paths)
@@ -280,8 +286,15 @@ def build(config: dict, inventory_path, transcript_paths, transcode_paths, shard
             "est_prompt_tokens": pa.array(prompt_tokens[sel], pa.int64()),
             "plan": pa.array(plan_kept[sel].tolist(), pa.string()),
         }, schema=SHARD_SCHEMA), path)
-    write_parquet(pa.concat_tables(excluded), excluded_path)
+    excluded_table = pa.concat_tables(excluded)
+    write_parquet(excluded_table, excluded_path)
     planning.write_plan_csv(planning.plan_table(config, shard, prompt_tokens, n_shards), plan_path)
+    elapsed = time.monotonic() - started
+    reasons = Counter(excluded_table.column("reason").to_pylist())
+    log.info("manifest: %d posts -> %d requests in %d shards (%.0f est. prompt tokens each on average), "
+             "%d excluded %s, in %.2f s (%.0f posts/s)", inv.num_rows, len(keep), n_shards,
+             float(prompt_tokens.mean()) if len(keep) else 0.0, excluded_table.num_rows, dict(reasons),
+             elapsed, inv.num_rows / max(elapsed, 1e-9))
 
 
 def shard_paths_for(results: str | Path, n_shards: int) -> list[Path]:

@@ -195,6 +195,10 @@ def run_chunk(config: dict, inventory_path, chunk: int, output_path, media_dir,
                      time.monotonic() - t0, pid, rec["status"])
     table = pa.Table.from_pylist([{f.name: r.get(f.name) for f in SCHEMA} for r in rows], schema=SCHEMA)
     write_parquet(table, output_path)
+    elapsed = time.monotonic() - t0
+    log.info("transcode chunk %d: %d of %d posts transcoded (%d failed) in %.1f s (%.2f posts/s)", chunk,
+             sum(r["status"] == "ok" for r in rows), n, sum(r["status"] == "error" for r in rows), elapsed,
+             len(rows) / max(elapsed, 1e-9))
     return table
 
 
