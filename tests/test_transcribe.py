@@ -18,9 +18,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from demo_media import get_demo_set, whisper_tiny_en
-from vidlabel.journal import iter_records
+from vidlabel.journal import iter_records, journal_beside
 from vidlabel.sharding import stable_chunk
-from vidlabel.transcribe import chunk_posts, journal_path, run_chunk
+from vidlabel.transcribe import chunk_posts, run_chunk
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # the model is loaded by path; nothing may be downloaded
 
@@ -139,7 +139,7 @@ def test_unreadable_audio_is_an_error_record(demo, tmp_path):
 
 def test_crash_mid_chunk_then_resume_transcribes_only_the_rest(demo, tmp_path):
     out = tmp_path / "chunk-0.parquet"
-    journal = journal_path(out)
+    journal = journal_beside(out)
     config_file = tmp_path / "config.json"
     config_file.write_text(json.dumps(whisper_config(demo)))
     script = textwrap.dedent(

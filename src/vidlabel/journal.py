@@ -20,6 +20,12 @@ class JournalLocked(RuntimeError):
     """Another process holds this journal (a second job on the same shard or chunk)."""
 
 
+def journal_beside(output_path: str | Path) -> Path:
+    """The resume journal of a chunk job's output: the same name with `.jsonl` (undeclared to Snakemake)."""
+    output_path = Path(output_path)
+    return output_path.with_name(output_path.name.removesuffix(".parquet") + ".jsonl")
+
+
 def iter_records(path: str | Path) -> Iterator[dict[str, Any]]:
     """Yield the complete records of a journal; a torn or unparsable line is skipped."""
     path = Path(path)

@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 
 from vidlabel import planning
 from vidlabel.io import atomic_path, write_parquet
-from vidlabel.journal import Journal
+from vidlabel.journal import Journal, journal_beside
 from vidlabel.sharding import stable_chunk
 
 log = logging.getLogger(__name__)
@@ -163,10 +163,9 @@ def run_chunk(config: dict, inventory_path, chunk: int, output_path, media_dir,
                                                       np.asarray(cols["height"], float), _nan(cols["fps"]))
     wanted = [i for i in range(n)
               if plan.action[i] == "replan" or (enabled and plan.action[i] == "as-is")]
-    journal_path = Path(str(output_path).removesuffix(".parquet") + ".jsonl")
     rows = []
     t0 = time.monotonic()
-    with Journal(journal_path, key="post_id") as journal:
+    with Journal(journal_beside(output_path), key="post_id") as journal:
         done = journal.read()
         for count, i in enumerate(wanted, 1):
             pid, src = cols["post_id"][i], cols["video_path"][i]

@@ -15,7 +15,6 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -24,7 +23,7 @@ import pyarrow.parquet as pq
 
 from vidlabel.config import load_schema
 from vidlabel.io import write_parquet
-from vidlabel.journal import Journal
+from vidlabel.journal import Journal, journal_beside
 from vidlabel.media import SAMPLE_RATE, AudioError, NoAudioStream, load_audio
 from vidlabel.sharding import stable_chunk
 
@@ -234,12 +233,6 @@ def settings_fingerprint(cfg: dict[str, Any]) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def journal_path(output_path: str | os.PathLike) -> Path:
-    output_path = Path(output_path)
-    stem = output_path.name[: -len(".parquet")] if output_path.name.endswith(".parquet") else output_path.name
-    return output_path.with_name(stem + ".jsonl")
-
-
 def chunk_posts(inventory_path: str | os.PathLike, chunk: int, n_chunks: int) -> list[dict[str, Any]]:
     """Inventory rows of ``chunk`` that probed without error, in inventory order."""
     table = pq.read_table(inventory_path, columns=["post_id", "video_path", "has_audio", "duration_s", "probe_error"])
@@ -268,7 +261,7 @@ def run_chunk(
     posts = chunk_posts(inventory_path, chunk, n_chunks)
     model = backend if backend is not None else LazyBackend(cfg)
     settings = settings_fingerprint(cfg)
-    with Journal(journal_path(output_path), key="post_id") as journal:
+    with Journal(journal_beside(output_path), key="post_id") as journal:
         # Records made with other settings (another model, say) are stale: transcribe those posts again.
         done = {k: r for k, r in journal.read().items() if r.get("settings") == settings}
         todo = [p for p in posts if p["post_id"] not in done]
