@@ -19,7 +19,8 @@ import pytest
 from standin import standin_command
 from standin.shards import make_config
 from vidlabel import config as vconfig
-from vidlabel.server import ServerError, VLLMServer, build_command, tensor_parallel_size
+from vidlabel.server import (ServerError, VLLMServer, build_command, granted_cpus, server_environment,
+                             tensor_parallel_size)
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -240,3 +241,15 @@ def test_port_taken_before_the_server_binds_is_retried(tmp_path, monkeypatch):
     finally:
         busy.close()
     assert "address already in use" in (tmp_path / "server.log").read_text().lower()
+
+
+def test_media_decoding_threads_follow_the_cpus_slurm_granted():
+    assert granted_cpus({}) is None
+    assert granted_cpus({"SLURM_CPUS_PER_TASK": "12"}) == 12
+    assert granted_cpus({"SLURM_CPUS_PER_GPU": "8", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}) == 32
+    assert granted_cpus({"SLURM_CPUS_ON_NODE": "16", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}) == 16
+    env = server_environment("k", {"SLURM_CPUS_PER_GPU": "8", "CUDA_VISIBLE_DEVICES": "0,1,2,3"})
+    assert env["VLLM_API_KEY"] == "k" and env["VLLM_MEDIA_LOADING_THREAD_COUNT"] == "30"
+    assert "VLLM_MEDIA_LOADING_THREAD_COUNT" not in server_environment("k", {})  # vLLM's default outside SLURM
+    mine = server_environment("k", {"SLURM_CPUS_PER_TASK": "4", "VLLM_MEDIA_LOADING_THREAD_COUNT": "2"})
+    assert mine["VLLM_MEDIA_LOADING_THREAD_COUNT"] == "2"  # the user's own setting wins

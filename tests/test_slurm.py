@@ -455,6 +455,17 @@ def test_e2e_results_equal_the_local_profile(slurm_e2e, local_reference):
 
 @slurm
 @pytest.mark.slow
+def test_server_media_threads_follow_the_cpus_granted(slurm_e2e):
+    """classify asks for 4 GPUs x cpus_per_gpu CPUs; the server decodes media on all but two."""
+    workdir, _, _ = slurm_e2e
+    profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
+    cpus = profile["set-resources"]["classify"]["cpus_per_gpu"] * profile["set-resources"]["classify"]["gpu"]
+    for log in sorted((workdir / "logs" / "classify").glob("server-*.log")):
+        assert f"media loading threads {cpus - 2}" in log.read_text(), log
+
+
+@slurm
+@pytest.mark.slow
 def test_two_shard_jobs_at_once_use_different_ports(slurm_e2e):
     """Both shard jobs ran on the one node at the same time, each with its own server port and its
     own GPUs, and both succeeded."""

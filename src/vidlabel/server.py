@@ -65,6 +65,39 @@ def tensor_parallel_size(config: dict) -> int:
     return DEFAULT_TENSOR_PARALLEL
 
 
+# CPUs kept for the job's own client and the server's engine process, next to media decoding.
+RESERVED_CPUS = 2
+
+
+def granted_cpus(environ=os.environ) -> int | None:
+    """CPUs SLURM granted this job: --cpus-per-task, else --cpus-per-gpu x the GPUs granted, else
+    the job's CPUs on this node (the only one left inside the Snakemake plugin's job step, which
+    clears the allocation's SLURM_* variables before its srun)."""
+    per_task = environ.get("SLURM_CPUS_PER_TASK", "").strip()
+    if per_task.isdigit():
+        return int(per_task)
+    per_gpu = environ.get("SLURM_CPUS_PER_GPU", "").strip()
+    visible = [d for d in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if per_gpu.isdigit() and visible:
+        return int(per_gpu) * len(visible)
+    on_node = environ.get("SLURM_CPUS_ON_NODE", "").strip()
+    return int(on_node) if on_node.isdigit() else None
+
+
+def server_environment(api_key: str, environ=os.environ) -> dict[str, str]:
+    """The server's environment: the per-job key, and media decoding sized to the CPUs granted.
+
+    vLLM decodes videos in a thread pool of VLLM_MEDIA_LOADING_THREAD_COUNT (default 8) whatever
+    the job was granted; on a shared node that oversubscribes a small allocation or idles a large
+    one. A value the user set is kept.
+    """
+    env = {**environ, "VLLM_API_KEY": api_key}
+    cpus = granted_cpus(environ)
+    if cpus and "VLLM_MEDIA_LOADING_THREAD_COUNT" not in environ:
+        env["VLLM_MEDIA_LOADING_THREAD_COUNT"] = str(max(1, cpus - RESERVED_CPUS))
+    return env
+
+
 def build_command(config: dict, port: int) -> list[str]:
     """The server argv from ``classify.server_command`` (values shell-quoted, then split)."""
     cls, plan = config["classify"], config["planning"]
@@ -140,7 +173,7 @@ class VLLMServer:
     # ---- launch and teardown ----------------------------------------------------------------
     def start(self) -> "VLLMServer":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **self.extra_env, "VLLM_API_KEY": self.api_key}
+        env = server_environment(self.api_key, {**os.environ, **self.extra_env})
         log_fh = open(self.log_path, "ab")
         log_fh.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {shlex.join(self.argv)}\n".encode())
         log_fh.flush()

@@ -402,7 +402,8 @@ class StandIn:
 
 async def main(argv=None) -> None:
     args = parse_args(argv)
-    print(f"stand-in: starting (pid {os.getpid()}), model {args.served_model}", flush=True)
+    print(f"stand-in: starting (pid {os.getpid()}), model {args.served_model}, media loading threads "
+          f"{os.environ.get('VLLM_MEDIA_LOADING_THREAD_COUNT', 'default')}", flush=True)
     if args.slow_start:
         await asyncio.sleep(args.slow_start)  # loading weights
     standin = StandIn(args)
