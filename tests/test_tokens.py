@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -132,17 +133,15 @@ def test_tokenizer_path(tmp_path):
     assert out.tolist() == [3 + tk.CHAT_OVERHEAD_TOKENS, 1 + tk.CHAT_OVERHEAD_TOKENS]
 
 
-def test_missing_tokenizer_is_a_clear_error(tmp_path):
+def test_missing_tokenizer_is_a_clear_error(tmp_path, monkeypatch):
     cfg = cfgmod.validate({"posts": "p.csv", "media_root": "/m"})
     cfg["planning"]["tokenizer"] = str(tmp_path / "absent")
     with pytest.raises(tk.TokenizerUnavailable, match="planning.tokenizer"):
         tk.estimate_text(cfg, ["hi"])
-    # A directory without tokenizer.json needs transformers, which this environment may lack.
+    # A directory without tokenizer.json needs transformers; without it, the error says so.
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "config.json").write_text(json.dumps({}))
     cfg["planning"]["tokenizer"] = str(tmp_path / "empty")
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        with pytest.raises(tk.TokenizerUnavailable, match="transformers"):
-            tk.estimate_text(cfg, ["hi"])
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` raises ImportError
+    with pytest.raises(tk.TokenizerUnavailable, match="transformers"):
+        tk.estimate_text(cfg, ["hi"])
