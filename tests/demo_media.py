@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vidlabel.config import validate
 from vidlabel.demo import make_demo_set
 from vidlabel.inventory import build_inventory
 
@@ -29,7 +30,7 @@ class DemoSet:
     def config(self, **sections: Any) -> dict[str, Any]:
         config: dict[str, Any] = {"posts": str(self.posts_csv), "media_root": str(self.media)}
         config.update(sections)
-        return config
+        return validate(config)  # as the workflow does: defaults filled, keys checked
 
 
 def get_demo_set(tmp_path_factory, n: int = 8) -> DemoSet:

@@ -21,7 +21,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vidlabel.config import load_schema
 from vidlabel.io import write_parquet
 from vidlabel.journal import Journal, journal_beside
 from vidlabel.media import SAMPLE_RATE, AudioError, NoAudioStream, load_audio
@@ -168,14 +167,6 @@ class LazyBackend:
         return self.load().transcribe(audio)
 
 
-def _transcribe_config(config: dict[str, Any]) -> dict[str, Any]:
-    """``config['transcribe']`` with the schema's defaults for keys it leaves out."""
-    schema = load_schema()["properties"]["transcribe"]["properties"]
-    cfg = {key: spec["default"] for key, spec in schema.items() if "default" in spec}
-    cfg.update(config.get("transcribe") or {})
-    return cfg
-
-
 def transcribe_post(backend: LazyBackend | Backend, post: dict[str, Any]) -> dict[str, Any]:
     """One journal record for one inventory row (never raises for bad audio)."""
     record: dict[str, Any] = {
@@ -254,7 +245,7 @@ def run_chunk(
 
     ``backend`` replaces the configured one (for callers that hold a loaded model).
     """
-    cfg = _transcribe_config(config)
+    cfg = config["transcribe"]
     n_chunks = cfg["chunks"]
     if not 0 <= chunk < n_chunks:
         raise ValueError(f"chunk {chunk} is outside 0..{n_chunks - 1} (transcribe.chunks = {n_chunks})")
