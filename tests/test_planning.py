@@ -28,15 +28,38 @@ def test_fitting_posts_are_as_is():
 
 def test_over_limit_exclude_gives_too_long():
     cfg = make_config(over_limit="exclude")
-    # 60 s 720x1280: 60 pairs * 720 cells = 43,200 > 32,768 - 512 - 300.
+    # 60 s 720x1280: 60 pairs * 720 cells = 43,200 > 32,768 - max_tokens - 300.
     p = pl.plan_posts(cfg, [60.0, 10.0], [30.0, 30.0], [1280, 1280], [720, 720], [300, 300])
     assert p.action.tolist() == ["too_long", "as-is"]
-    assert "43500 prompt tokens + max_tokens 512 > max_model_len 32768" in p.plan[0]
+    assert "estimated 43200 visual + 300 text tokens exceed the limits: max_model_len 32768" in p.plan[0]
+
+
+def test_max_tokens_defaults_to_the_answer_schema_and_the_encoder_cache_to_the_context():
+    cfg = make_config()
+    # One yes/no question: {"promotes_product":"yes"} is 26 bytes, plus 8.
+    assert cfg["classify"]["max_tokens"] == 34
+    assert cfg["classify"]["max_num_batched_tokens"] == cfg["classify"]["max_model_len"] == 32768
+
+
+def test_encoder_cache_is_a_limit_like_the_context():
+    """vLLM refuses a video item with more visual tokens than its encoder cache (sized by
+    --max-num-batched-tokens), after decoding it: the gate must catch it first."""
+    cfg = make_config(over_limit="exclude")
+    cfg["classify"]["max_num_batched_tokens"] = 8192
+    # 16 s 720x1280 at 2 fps: 16 pairs * 720 = 11,520 visual tokens: fits the context, not the cache.
+    p = pl.plan_posts(cfg, [16.0, 8.0], [30.0, 30.0], [1280, 1280], [720, 720], [300, 300])
+    assert p.action.tolist() == ["too_long", "as-is"]
+    assert "encoder cache 8192 (max_num_batched_tokens)" in p.plan[0]
+    cfg["planning"]["over_limit"] = "replan"
+    p = pl.plan_posts(cfg, [16.0], [30.0], [1280], [720], [300])
+    assert p.action.tolist() == ["replan"]
+    assert 0 < int(p.visual_tokens[0]) <= 8192
 
 
 def test_replan_picks_the_richest_plan_that_fits():
     cfg = make_config()
-    budget = 32768 - 512 - 300
+    max_tokens = cfg["classify"]["max_tokens"]
+    budget = 32768 - max_tokens - 300
     p = pl.plan_posts(cfg, [60.0], [30.0], [1280], [720], [300])
     assert p.action.tolist() == ["replan"]
     # Candidates: fps 1 at full size = 30 pairs * 720 = 21,600; fps 2 at max_pixels/2 (301,056):
@@ -45,7 +68,7 @@ def test_replan_picks_the_richest_plan_that_fits():
     half_tokens = 60 * (int(half[0][0]) // 28) * (int(half[1][0]) // 28)
     expected = max(t for t in (21600, half_tokens) if t + 720 <= budget)
     assert int(p.visual_tokens[0]) == expected
-    assert int(p.visual_tokens[0]) + 300 + 512 <= 32768
+    assert int(p.visual_tokens[0]) + 300 + max_tokens <= 32768
     assert p.plan[0].startswith("replan: ") and "43200->" in p.plan[0]
     # The plan is what a transcode at (fps, max_pixels) would give, re-estimated independently.
     est = pl.media_estimate(cfg, p.duration_s, p.fps, [1280], [720], p.max_pixels)
@@ -61,7 +84,7 @@ def test_replan_lowers_fps_for_long_videos_and_trims_only_as_last_resort():
     assert p.duration_s[0] == 600.0 and p.fps[0] < 2
     # 100,000 s: even fps/128 at min_pixels is too much; the trim to 300 s makes it fit.
     assert "trim 100000s->300s" in p.plan[1] and p.duration_s[1] == 300.0
-    assert (p.prompt_tokens + 512 <= 32768).all()
+    assert (p.prompt_tokens + cfg["classify"]["max_tokens"] <= 32768).all()
 
 
 def test_nothing_fits_is_too_long_even_when_replanning():

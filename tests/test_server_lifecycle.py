@@ -19,8 +19,9 @@ import pytest
 from standin import standin_command
 from standin.shards import make_config
 from vidlabel import config as vconfig
-from vidlabel.server import (ServerError, VLLMServer, build_command, granted_cpus, server_environment,
-                             tensor_parallel_size)
+from vidlabel.parallelism import Layout
+from vidlabel.server import (ServerCopy, ServerError, VLLMServer, api_server_count, build_command, granted_cpus,
+                             server_copies, server_environment)
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -48,42 +49,69 @@ def _config(tmp_path: Path, **classify) -> dict:
     return make_config(tmp_path, media, tmp_path / "requests.jsonl", (), classify)
 
 
+def _copy(tensor=1, data=1, cpus=16, api_servers=4, gpus=("0",)) -> ServerCopy:
+    return ServerCopy(0, gpus, tensor, data, cpus, api_servers, Path("server.log"))
+
+
 def test_default_command_fills_every_field_and_keeps_json_arguments(tmp_path):
     cfg = vconfig.validate({"posts": "p.csv", "media_root": str(tmp_path / "my media"),
                             "results": str(tmp_path / "results"),
-                            "classify": {"tensor_parallel_size": 2, "max_model_len": 16384},
+                            "classify": {"max_model_len": 16384, "server_args": "--enforce-eager --seed 7"},
                             "planning": {"over_limit": "exclude"}})
-    argv = build_command(cfg, 8123)
+    argv = build_command(cfg, 8123, _copy(tensor=2, data=1, api_servers=3))
     assert argv[:3] == ["vllm", "serve", "Qwen/Qwen2.5-VL-72B-Instruct"]
     opt = {argv[i]: argv[i + 1] for i in range(3, len(argv) - 1) if argv[i].startswith("--")}
     assert opt["--host"] == "127.0.0.1" and opt["--port"] == "8123"
-    assert opt["--tensor-parallel-size"] == "2" and opt["--max-model-len"] == "16384"
+    assert opt["--tensor-parallel-size"] == "2" and opt["--data-parallel-size"] == "1"
+    assert opt["--max-model-len"] == "16384"
+    # The encoder cache follows --max-num-batched-tokens: by default as large as the context.
+    assert opt["--max-num-batched-tokens"] == "16384"
     assert opt["--allowed-local-media-path"] == os.path.realpath(tmp_path / "my media")  # one argument
     assert json.loads(opt["--limit-mm-per-prompt"]) == {"image": 0, "video": 1}
     assert json.loads(opt["--mm-processor-kwargs"]) == {"min_pixels": 100352, "max_pixels": 602112}
     assert json.loads(opt["--media-io-kwargs"]) == {"video": {"fps": 2}}
+    assert json.loads(opt["--structured-outputs-config"]) == {"backend": "xgrammar", "disable_any_whitespace": True}
+    assert opt["--generation-config"] == "vllm" and opt["--api-server-count"] == "3"
+    assert opt["--mm-processor-cache-gb"] == "0" and "--no-enable-prefix-caching" in argv
+    assert argv[-3:] == ["--enforce-eager", "--seed", "7"]  # classify.server_args, appended
     assert "--api-key" not in argv
     # Re-planned videos are transcoded under results/: the server may then read the common parent.
     cfg["planning"]["over_limit"] = "replan"
-    argv = build_command(cfg, 8123)
+    argv = build_command(cfg, 8123, _copy())
     assert argv[argv.index("--allowed-local-media-path") + 1] == os.path.realpath(tmp_path)
 
 
-def test_bad_template_field_is_named(tmp_path):
+def test_bad_template_field_and_bad_server_args_are_named(tmp_path):
     cfg = vconfig.validate({"posts": "p.csv", "media_root": str(tmp_path), "results": str(tmp_path / "r"),
                             "classify": {"server_command": "vllm serve {modle} --port {port}"}})
     with pytest.raises(ServerError, match="classify.server_command.*modle"):
-        build_command(cfg, 1)
+        build_command(cfg, 1, _copy())
+    cfg = vconfig.validate({"posts": "p.csv", "media_root": str(tmp_path), "results": str(tmp_path / "r"),
+                            "classify": {"server_args": "--seed 'unclosed"}})
+    with pytest.raises(ServerError, match="classify.server_args"):
+        build_command(cfg, 1, _copy())
 
 
-def test_tensor_parallel_size_from_config_then_visible_gpus_then_four(monkeypatch, tmp_path):
+def test_api_servers_and_media_threads_follow_the_cpus_of_each_copy(tmp_path):
     cfg = vconfig.validate({"posts": "p.csv", "media_root": str(tmp_path), "results": str(tmp_path / "r")})
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert tensor_parallel_size(cfg) == 4
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,3")
-    assert tensor_parallel_size(cfg) == 2
-    cfg["classify"]["tensor_parallel_size"] = 8
-    assert tensor_parallel_size(cfg) == 8
+    assert [api_server_count(cfg, n) for n in (2, 4, 8, 16, 32, 64)] == [1, 1, 2, 4, 8, 8]
+    cfg["classify"]["api_server_count"] = 2
+    assert api_server_count(cfg, 64) == 2
+    cfg["classify"]["api_server_count"] = None
+    env = {"SLURM_CPUS_PER_GPU": "8", "CUDA_VISIBLE_DEVICES": "4,5,6,7"}
+    four = Layout(1, 4, ("4", "5", "6", "7"), "test")
+    copies = server_copies(cfg, four, tmp_path / "server-3.log", env)
+    # One server per GPU, each with its GPU, its log, and a quarter of the job's 32 CPUs.
+    assert [c.gpus for c in copies] == [("4",), ("5",), ("6",), ("7",)]
+    assert [c.log_path.name for c in copies] == [f"server-3.copy-{i}.log" for i in range(4)]
+    assert {(c.cpus, c.api_servers, c.tensor, c.data) for c in copies} == {(8, 2, 1, 1)}
+    cfg["classify"]["data_parallel_backend"] = "vllm"
+    (one,) = server_copies(cfg, four, tmp_path / "server-3.log", env)
+    assert (one.gpus, one.tensor, one.data, one.cpus, one.api_servers) == (("4", "5", "6", "7"), 1, 4, 32, 8)
+    assert one.log_path.name == "server-3.log"
+    # Fake or absent GPUs are not pinned: the variable is left as the job had it.
+    (unpinned,) = server_copies(cfg, Layout(2, 1, ("0", "1"), "test"), tmp_path / "s.log", {"SLURM_CPUS_PER_TASK": "8"})
+    assert unpinned.gpus == ()
 
 
 def test_key_in_environment_not_argv_and_required_by_the_server(tmp_path):
@@ -248,8 +276,10 @@ def test_media_decoding_threads_follow_the_cpus_slurm_granted():
     assert granted_cpus({"SLURM_CPUS_PER_TASK": "12"}) == 12
     assert granted_cpus({"SLURM_CPUS_PER_GPU": "8", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}) == 32
     assert granted_cpus({"SLURM_CPUS_ON_NODE": "16", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}) == 16
-    env = server_environment("k", {"SLURM_CPUS_PER_GPU": "8", "CUDA_VISIBLE_DEVICES": "0,1,2,3"})
-    assert env["VLLM_API_KEY"] == "k" and env["VLLM_MEDIA_LOADING_THREAD_COUNT"] == "30"
-    assert "VLLM_MEDIA_LOADING_THREAD_COUNT" not in server_environment("k", {})  # vLLM's default outside SLURM
-    mine = server_environment("k", {"SLURM_CPUS_PER_TASK": "4", "VLLM_MEDIA_LOADING_THREAD_COUNT": "2"})
+    copy = _copy(tensor=4, cpus=32, api_servers=8, gpus=("0", "1", "2", "3"))
+    env = server_environment("k", copy, {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"})
+    # (32 CPUs - 2 for the client and the engine) / 8 API servers, each with its own decoding pool.
+    assert env["VLLM_API_KEY"] == "k" and env["VLLM_MEDIA_LOADING_THREAD_COUNT"] == "3"
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+    mine = server_environment("k", copy, {"VLLM_MEDIA_LOADING_THREAD_COUNT": "2"})
     assert mine["VLLM_MEDIA_LOADING_THREAD_COUNT"] == "2"  # the user's own setting wins

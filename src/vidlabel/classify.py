@@ -32,7 +32,8 @@ import pyarrow.parquet as pq
 from vidlabel.client import ClassifyClient, ClientSettings, FatalClientError, Stats, Stopped, run
 from vidlabel.io import write_parquet
 from vidlabel.journal import Journal, JournalLocked
-from vidlabel.server import ServerError, VLLMServer, smoke_request
+from vidlabel.parallelism import choose_layout
+from vidlabel.server import ServerError, ServerGroup, server_copies, smoke_request
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +202,12 @@ async def _classify(config: dict, pending: list[dict], journal: Journal, prior: 
         if c["endpoints"]:
             endpoints = await _external_endpoints(config)
         else:
-            server = VLLMServer(config, server_log_path).start()
+            largest = max(int(r["est_prompt_tokens"] or 0) for r in pending) + c["max_tokens"]
+            layout = choose_layout(config, largest)
+            log.info("shard %d: parallelism %s", shard, layout.reason)
+            # Requests in flight scale with the copies: classify.concurrency is per copy.
+            settings.concurrency *= layout.data
+            server = ServerGroup(config, server_copies(config, layout, server_log_path)).start()
             ready = asyncio.create_task(server.wait_ready())
             stopper = asyncio.create_task(stop_sending.wait())
             await asyncio.wait({ready, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -212,7 +218,7 @@ async def _classify(config: dict, pending: list[dict], journal: Journal, prior: 
                 raise JobInterrupted(f"shard {shard}: {why.get('reason')} while the server was starting; "
                                      "nothing was sent")
             ready.result()  # raises ServerError
-            endpoints = [(server.base_url, server.api_key)]
+            endpoints = server.endpoints
             watchdog = asyncio.create_task(server.watchdog(on_server_failure))
 
         progress = _Progress(total, total - len(pending), shard)

@@ -73,7 +73,7 @@ def demo(data_dir: Path, snakemake_args: list[str]) -> int:
         overlay = {"posts": str(data_dir / "posts.csv"), "media_root": str(data_dir / "media"),
                    "human_labels": str(data_dir / "human_labels.csv"),
                    "transcribe": {"chunks": 2, "compute_type": "int8", "device": "cpu"},
-                   "classify": {"model": "Qwen/Qwen2.5-VL-7B-Instruct", "tensor_parallel_size": 1,
+                   "classify": {"model": "Qwen/Qwen2.5-VL-7B-Instruct",
                                 "max_model_len": 16384}}
         model = local_whisper_model()
         if model:

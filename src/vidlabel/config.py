@@ -9,6 +9,8 @@ from typing import Any
 import jsonschema
 import yaml
 
+from vidlabel.prompt import answer_max_tokens
+
 REPO_SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
 
 
@@ -107,7 +109,17 @@ def validate(config: dict[str, Any], schema_path: str | Path | None = None) -> d
     qids = [q["id"] for q in config["classify"]["questions"]]
     if len(set(qids)) != len(qids):
         raise ConfigError(f"config key 'classify.questions': duplicate question ids {sorted(qids)}")
+    resolve_derived(config)
     return config
+
+
+def resolve_derived(config: dict[str, Any]) -> None:
+    """Fill the keys whose default (null) is derived from other keys, so every step reads one value."""
+    c = config["classify"]
+    if c["max_tokens"] is None:
+        c["max_tokens"] = answer_max_tokens(c["questions"])
+    if c["max_num_batched_tokens"] is None:
+        c["max_num_batched_tokens"] = c["max_model_len"]
 
 
 def load(path: str | Path, overrides: dict | None = None, schema_path: str | Path | None = None) -> dict:

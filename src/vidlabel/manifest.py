@@ -230,11 +230,11 @@ def build(config: dict, inventory_path, transcript_paths, transcode_paths, shard
         visual[idx] = est.tokens
         tc_plan = np.asarray(_lookup(post_id, tc, "plan", pa.string()).to_pylist(), dtype=object)[idx]
         plan_str[idx] = np.where(tc_plan == None, plan_str[idx], tc_plan)  # noqa: E711 (elementwise)
-        over = visual[idx] + text_tokens[idx] + c["max_tokens"] > c["max_model_len"]
+        over = visual[idx] > planning.visual_token_budget(config, text_tokens[idx])
         for j in idx[over]:
             reason[j] = "too_long"
-            detail[j] = (f"transcoded media still estimated at {int(visual[j] + text_tokens[j])} prompt tokens + "
-                         f"max_tokens {c['max_tokens']} > max_model_len {c['max_model_len']} ({plan_str[j]})")
+            detail[j] = (f"transcoded media still estimated at {int(visual[j])} visual + {int(text_tokens[j])} "
+                         f"text tokens, over the limits: {planning.limits_text(config)} ({plan_str[j]})")
     replan_missing = (action == "replan") & ~has_tc
     tc_error = np.asarray(_lookup(post_id, tc, "error", pa.string()).to_pylist(), dtype=object)
     for j in np.flatnonzero(replan_missing & tc_failed):

@@ -1,8 +1,10 @@
 """Planning: the context gate, re-planning of over-long videos, token-balanced shards, plan.csv.
 
 Context gate. A request whose estimated prompt tokens plus ``classify.max_tokens`` exceed
-``classify.max_model_len`` never reaches the server (vLLM 0.33 would decode the whole video and
-then reject it, or silently cut max_tokens). With ``planning.over_limit: replan`` the post gets its
+``classify.max_model_len``, or whose visual tokens exceed the server's encoder cache
+(``classify.max_num_batched_tokens``: vLLM sizes the cache from it and refuses a bigger video item
+with a 400), never reaches the server (vLLM would decode the whole video and then reject it, or
+silently cut max_tokens). With ``planning.over_limit: replan`` the post gets its
 own transcode: among a ladder of lower frame rates (fps / 2^k), lower pixel bounds
 (max_pixels / 2^j, down to min_pixels) and, when ``planning.max_duration_s`` is set, a trim to that
 duration, the plan with the *most* visual tokens that still fits is chosen (ties: higher fps,
@@ -81,6 +83,20 @@ def allowed_media_path(config: dict) -> str:
             "planning.transcode.media_dir to a directory on media_root's tree (or disable planning.transcode "
             "and set planning.over_limit: exclude)")
     return str(common)
+
+
+def visual_token_budget(config: dict, text_tokens) -> np.ndarray:
+    """Most visual tokens a request may carry: the context left after its text and answer, and the
+    server's encoder cache (one video item must fit it whole)."""
+    c = config["classify"]
+    context = c["max_model_len"] - c["max_tokens"] - np.asarray(text_tokens, dtype=np.int64)
+    return np.minimum(context, c["max_num_batched_tokens"])
+
+
+def limits_text(config: dict) -> str:
+    c = config["classify"]
+    return (f"max_model_len {c['max_model_len']} (with max_tokens {c['max_tokens']}) and encoder cache "
+            f"{c['max_num_batched_tokens']} (max_num_batched_tokens)")
 
 
 def expected_completion_tokens(config: dict) -> int:
@@ -180,7 +196,7 @@ def plan_posts(config: dict, duration_s, source_fps, width, height, text_tokens)
     h = np.asarray(height, dtype=np.float64)
     text = np.asarray(text_tokens, dtype=np.int64)
     n = len(d)
-    budget = c["max_model_len"] - c["max_tokens"] - text
+    budget = visual_token_budget(config, text)
 
     base = tk.estimate_visual(config, d, sf, w, h, s).tokens if n else np.zeros(0, np.int64)
     fits = base <= budget
@@ -238,8 +254,8 @@ def plan_posts(config: dict, duration_s, source_fps, width, height, text_tokens)
             plan[i] = f"replan: {', '.join(changes)} (visual tokens {int(base[i])}->{int(best[j])})"
             out_fps[i], out_px[i], out_d[i], visual[i] = f, px, dur, best[j]
     for i in np.flatnonzero(action == "too_long"):
-        plan[i] = (f"estimated {int(base[i]) + int(text[i])} prompt tokens + max_tokens {c['max_tokens']} > "
-                   f"max_model_len {c['max_model_len']}"
+        plan[i] = (f"estimated {int(base[i])} visual + {int(text[i])} text tokens exceed the limits: "
+                   f"{limits_text(config)}"
                    + ("" if p["over_limit"] == "exclude" else "; no lower fps/pixel bound/trim fits"))
     return Plan(action=action, plan=plan, fps=out_fps, max_pixels=out_px, duration_s=out_d,
                 visual_tokens=visual, text_tokens=text)

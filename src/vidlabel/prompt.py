@@ -48,6 +48,24 @@ def answer_schema(questions: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+# Tokens a byte-level BPE answer can take beyond one per byte: the end-of-sequence token and slack.
+ANSWER_TOKEN_SLACK = 8
+
+
+def answer_max_tokens(questions: list[dict[str, Any]]) -> int:
+    """Output budget that always fits a whole answer under the answer schema.
+
+    Under a JSON-schema grammar without free whitespace the longest valid answer is the compact
+    object with every question at its longest choice. A byte-level BPE model emits at least one byte
+    per token, but may pick any token path the grammar allows (random or poorly fitted weights
+    spell keys a byte at a time: 27 tokens for a 52-byte answer measured on vLLM), so the bound is
+    the answer's UTF-8 length plus slack. A larger budget only buys room for a runaway answer.
+    """
+    longest = {q["id"]: max(ANSWER_CHOICES[q.get("type", "yes/no")], key=len) for q in questions}
+    compact = json.dumps(longest, separators=(",", ":"), ensure_ascii=False)
+    return len(compact.encode()) + ANSWER_TOKEN_SLACK
+
+
 def response_format(questions: list[dict[str, Any]]) -> dict[str, Any]:
     return {"type": "json_schema",
             "json_schema": {"name": "answers", "schema": answer_schema(questions), "strict": True}}

@@ -23,16 +23,17 @@ import socket
 import subprocess
 import time
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import httpx
 
+from vidlabel.parallelism import Layout, choose_layout, granted_gpus
 from vidlabel.planning import allowed_media_path
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TENSOR_PARALLEL = 4
 HEALTH_FAILURES_BEFORE_DEAD = 3
 LOG_TAIL_LINES = 40
 PORT_RETRIES = 3
@@ -54,19 +55,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def tensor_parallel_size(config: dict) -> int:
-    """GPUs per server: the config value, else the GPUs granted to the job, else 4."""
-    value = config["classify"].get("tensor_parallel_size")
-    if value:
-        return int(value)
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
-    if visible and visible not in ("-1", "NoDevFiles"):
-        return len([d for d in visible.split(",") if d.strip()])
-    return DEFAULT_TENSOR_PARALLEL
-
-
 # CPUs kept for the job's own client and the server's engine process, next to media decoding.
 RESERVED_CPUS = 2
+# CPUs per API server process when classify.api_server_count is null: each decodes videos in a
+# thread pool and runs the processor in its own interpreter (docs/serving.md has the measurements).
+CPUS_PER_API_SERVER = 3
+MAX_API_SERVERS = 8
 
 
 def granted_cpus(environ=os.environ) -> int | None:
@@ -84,28 +78,90 @@ def granted_cpus(environ=os.environ) -> int | None:
     return int(on_node) if on_node.isdigit() else None
 
 
-def server_environment(api_key: str, environ=os.environ) -> dict[str, str]:
-    """The server's environment: the per-job key, and media decoding sized to the CPUs granted.
+def job_cpus(environ=os.environ) -> tuple[int, str]:
+    """CPUs this job may use: what SLURM granted, else this process's CPU affinity."""
+    granted = granted_cpus(environ)
+    if granted:
+        return granted, "SLURM"
+    return len(os.sched_getaffinity(0)), "CPU affinity"
 
-    vLLM decodes videos in a thread pool of VLLM_MEDIA_LOADING_THREAD_COUNT (default 8) whatever
-    the job was granted; on a shared node that oversubscribes a small allocation or idles a large
-    one. A value the user set is kept.
+
+@dataclass(frozen=True)
+class ServerCopy:
+    """One server process of a job: its GPUs, its parallel sizes and its share of the job's CPUs."""
+
+    index: int
+    gpus: tuple[str, ...]  # CUDA_VISIBLE_DEVICES for it; empty: leave the variable alone
+    tensor: int
+    data: int  # --data-parallel-size: >1 only when vLLM serves the copies itself
+    cpus: int
+    api_servers: int
+    log_path: Path
+
+    @property
+    def media_threads(self) -> int:
+        """Video-decoding threads per API server process (vLLM's pool is per process)."""
+        return max(1, (self.cpus - RESERVED_CPUS) // self.api_servers)
+
+
+def api_server_count(config: dict, cpus: int) -> int:
+    configured = config["classify"]["api_server_count"]
+    if configured:
+        return int(configured)
+    return max(1, min(MAX_API_SERVERS, (cpus - RESERVED_CPUS) // CPUS_PER_API_SERVER))
+
+
+def copy_log_path(log_path: str | Path, index: int, copies: int) -> Path:
+    """``server-3.log`` for a lone copy; ``server-3.copy-1.log`` for the second of several."""
+    path = Path(log_path)
+    return path if copies == 1 else path.with_name(f"{path.stem}.copy-{index}{path.suffix}")
+
+
+def server_copies(config: dict, layout: Layout, log_path: str | Path, environ=os.environ) -> list[ServerCopy]:
+    """The server processes that serve ``layout``: one per copy, or one vLLM data-parallel server."""
+    cpus, _ = job_cpus(environ)
+    pin = bool(granted_gpus(environ)[0])  # fake or unknown GPUs: nothing to pin
+    if layout.data > 1 and config["classify"]["data_parallel_backend"] == "servers":
+        per_copy = max(1, cpus // layout.data)
+        return [ServerCopy(i, group if pin else (), layout.tensor, 1, per_copy,
+                           api_server_count(config, per_copy), copy_log_path(log_path, i, layout.data))
+                for i, group in enumerate(layout.groups())]
+    return [ServerCopy(0, layout.gpus if pin else (), layout.tensor, layout.data, cpus,
+                       api_server_count(config, cpus), Path(log_path))]
+
+
+def server_environment(api_key: str, copy: ServerCopy, environ=os.environ) -> dict[str, str]:
+    """The server's environment: the per-job key, its GPUs, and media decoding sized to its CPUs.
+
+    vLLM decodes videos in a thread pool of VLLM_MEDIA_LOADING_THREAD_COUNT (default 8) per API
+    server process whatever the job was granted; on a shared node that oversubscribes a small
+    allocation or idles a large one. A value the user set is kept.
     """
     env = {**environ, "VLLM_API_KEY": api_key}
-    cpus = granted_cpus(environ)
-    if cpus and "VLLM_MEDIA_LOADING_THREAD_COUNT" not in environ:
-        env["VLLM_MEDIA_LOADING_THREAD_COUNT"] = str(max(1, cpus - RESERVED_CPUS))
+    if copy.gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(copy.gpus)
+    if "VLLM_MEDIA_LOADING_THREAD_COUNT" not in environ:
+        env["VLLM_MEDIA_LOADING_THREAD_COUNT"] = str(copy.media_threads)
     return env
 
 
-def build_command(config: dict, port: int) -> list[str]:
-    """The server argv from ``classify.server_command`` (values shell-quoted, then split)."""
+def single_copy(config: dict, log_path: str | Path, environ=os.environ) -> ServerCopy:
+    """The one server of a job whose layout is not known yet (its largest request unknown)."""
+    return server_copies(config, choose_layout(config, config["classify"]["max_model_len"], environ),
+                         log_path, environ)[0]
+
+
+def build_command(config: dict, port: int, copy: ServerCopy) -> list[str]:
+    """The server argv from ``classify.server_command`` (values shell-quoted, then split), followed
+    by ``classify.server_args``."""
     cls, plan = config["classify"], config["planning"]
     fields = {
-        "model": cls["model"], "port": port, "tensor_parallel_size": tensor_parallel_size(config),
-        "media_root": allowed_media_path(config), "max_model_len": cls["max_model_len"],
-        "max_num_seqs": cls["max_num_seqs"], "min_pixels": plan["min_pixels"],
-        "max_pixels": plan["max_pixels"], "fps": plan["fps"],
+        "model": cls["model"], "port": port, "tensor_parallel_size": copy.tensor,
+        "data_parallel_size": copy.data, "media_root": allowed_media_path(config),
+        "max_model_len": cls["max_model_len"], "max_num_seqs": cls["max_num_seqs"],
+        "max_num_batched_tokens": cls["max_num_batched_tokens"], "min_pixels": plan["min_pixels"],
+        "max_pixels": plan["max_pixels"], "fps": plan["fps"], "generation_config": cls["generation_config"],
+        "api_server_count": copy.api_servers,
     }
     quoted = {k: shlex.quote(str(v)) for k, v in fields.items()}
     try:
@@ -113,7 +169,11 @@ def build_command(config: dict, port: int) -> list[str]:
     except (KeyError, IndexError, ValueError) as exc:
         raise ServerError(f"config key 'classify.server_command': cannot fill in {exc!r}; fields are "
                           f"{sorted(fields)} and literal braces must be doubled") from None
-    return shlex.split(text)
+    try:
+        extra = shlex.split(cls["server_args"])
+    except ValueError as exc:
+        raise ServerError(f"config key 'classify.server_args': {exc}") from None
+    return shlex.split(text) + extra
 
 
 def log_tail(path: str | Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -147,13 +207,15 @@ def _stop_all() -> None:
 class VLLMServer:
     """A server process for one job. ``with VLLMServer(config, log_path) as srv: await srv.wait_ready()``."""
 
-    def __init__(self, config: dict, log_path: str | Path, *, env: dict | None = None):
+    def __init__(self, config: dict, log_path: str | Path, *, copy: ServerCopy | None = None,
+                 env: dict | None = None, api_key: str | None = None):
         cls = config["classify"]
         self.config = config
-        self.log_path = Path(log_path)
+        self.copy = copy or single_copy(config, log_path)
+        self.log_path = self.copy.log_path
         self.port = free_port()
-        self.api_key = secrets.token_urlsafe(32)
-        self.argv = build_command(config, self.port)
+        self.api_key = api_key or secrets.token_urlsafe(32)
+        self.argv = build_command(config, self.port, self.copy)
         self.model = cls["model"]
         self.startup_timeout_s = float(cls["startup_timeout_s"])
         self.grace_s = float(cls["shutdown_grace_s"])
@@ -161,6 +223,8 @@ class VLLMServer:
         self.extra_env = dict(env or {})
         self.proc: subprocess.Popen | None = None
         self.failure: str | None = None
+        self.started_at: float | None = None
+        self.ready_after_s: float | None = None
 
     @property
     def root_url(self) -> str:
@@ -173,7 +237,7 @@ class VLLMServer:
     # ---- launch and teardown ----------------------------------------------------------------
     def start(self) -> "VLLMServer":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = server_environment(self.api_key, {**os.environ, **self.extra_env})
+        env = server_environment(self.api_key, self.copy, {**os.environ, **self.extra_env})
         log_fh = open(self.log_path, "ab")
         log_fh.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {shlex.join(self.argv)}\n".encode())
         log_fh.flush()
@@ -186,8 +250,17 @@ class VLLMServer:
         finally:
             log_fh.close()
         _LIVE.add(self)
-        log.info("server started (pid %d, port %d), log %s", self.proc.pid, self.port, self.log_path)
+        self.started_at = time.monotonic()
+        log.info("server %d started (pid %d, port %d, GPUs %s, %d API servers x %d media threads), log %s",
+                 self.copy.index, self.proc.pid, self.port, ",".join(self.copy.gpus) or "as inherited",
+                 self.copy.api_servers, int(env.get("VLLM_MEDIA_LOADING_THREAD_COUNT", 0)), self.log_path)
         return self
+
+    def terminate(self) -> None:
+        """SIGTERM to the process group, without waiting (``stop`` waits)."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
 
     def stop(self) -> None:
         """SIGTERM to the process group, SIGKILL after the grace period. Idempotent."""
@@ -196,8 +269,7 @@ class VLLMServer:
             return
         _LIVE.discard(self)
         if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
+            self.terminate()
             try:
                 proc.wait(timeout=self.grace_s)
             except subprocess.TimeoutExpired:
@@ -207,7 +279,7 @@ class VLLMServer:
             os.killpg(proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5)
-        log.info("server stopped (exit status %s)", proc.returncode)
+        log.info("server %d stopped (exit status %s)", self.copy.index, proc.returncode)
 
     def __enter__(self) -> "VLLMServer":
         return self.start()
@@ -237,7 +309,7 @@ class VLLMServer:
                         restarts += 1
                         log.warning("port %d was taken before the server bound it; retrying on another", self.port)
                         self.port = free_port()
-                        self.argv = build_command(self.config, self.port)
+                        self.argv = build_command(self.config, self.port, self.copy)
                         self.start()
                         continue
                     raise ServerError("server exited during startup: " + self._exited_message())
@@ -255,7 +327,9 @@ class VLLMServer:
                     except ServerBusy as exc:  # overloaded or still warming up: ask again
                         log.info("server not ready yet: %s", exc)
                     else:
-                        log.info("server ready on port %d", self.port)
+                        self.ready_after_s = time.monotonic() - self.started_at
+                        log.info("server %d ready on port %d, %.1f s after its start", self.copy.index,
+                                 self.port, self.ready_after_s)
                         return
                 await asyncio.sleep(0.25)
 
@@ -285,6 +359,56 @@ class VLLMServer:
                         return
                     next_health = time.monotonic() + self.health_interval_s
                 await asyncio.sleep(min(0.2, self.health_interval_s))
+
+
+class ServerGroup:
+    """The servers of one job (one per copy), sharing the job's API key; started, watched and stopped
+    together. Teardown sends SIGTERM to every copy first, so their grace periods run at once."""
+
+    def __init__(self, config: dict, copies: list[ServerCopy]):
+        key = secrets.token_urlsafe(32)
+        self.servers = [VLLMServer(config, c.log_path, copy=c, api_key=key) for c in copies]
+
+    def start(self) -> "ServerGroup":
+        try:
+            for server in self.servers:
+                server.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.terminate()
+        for server in self.servers:
+            server.stop()
+
+    @property
+    def endpoints(self) -> list[tuple[str, str]]:
+        return [(s.base_url, s.api_key) for s in self.servers]
+
+    @property
+    def ready_after_s(self) -> float | None:
+        times = [s.ready_after_s for s in self.servers]
+        return None if None in times else max(times)
+
+    async def wait_ready(self) -> None:
+        """Every copy ready, or ServerError from the first that fails (the others are not waited for)."""
+        tasks = [asyncio.create_task(s.wait_ready()) for s in self.servers]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def watchdog(self, on_failure: Callable[[str], None]) -> None:
+        """Until cancelled; the first copy that dies calls ``on_failure`` with which copy it was."""
+        def failed(index: int) -> Callable[[str], None]:
+            return lambda message: on_failure(message if len(self.servers) == 1 else f"copy {index}: {message}")
+
+        await asyncio.gather(*(s.watchdog(failed(i)) for i, s in enumerate(self.servers)))
 
 
 async def smoke_request(http: httpx.AsyncClient, base_url: str, headers: dict, model: str,

@@ -1,0 +1,241 @@
+"""How a classify job spreads one model over the GPUs it was granted: tensor parallel x data parallel.
+
+``classify.parallelism: auto`` picks the smallest tensor-parallel size (TP) at which one copy of the
+model fits: per GPU, ``weights / TP + KV cache of the shard's largest request / TP + a fixed
+overhead`` must stay within ``gpu_memory_gib * gpu_memory_utilization``. The job then serves
+``GPUs // TP`` copies (data parallel, DP). A model that fits one GPU (Qwen2.5-VL-7B) becomes one copy
+per GPU rather than one copy split over all of them; Qwen2.5-VL-72B (137 GiB of bf16 weights) needs
+TP 2 on 141 GB H200s and TP 4 on 80 GB GPUs. ``{tensor: N, data: M}`` sets both by hand.
+
+Inputs, each logged with the decision:
+
+- GPUs: ``CUDA_VISIBLE_DEVICES`` (what SLURM granted), else the GPUs ``nvidia-smi -L`` lists, else
+  one (no GPU seen: only a stand-in server can run).
+- Memory per GPU: ``classify.gpu_memory_gib``, else the smallest ``memory.total`` nvidia-smi reports.
+- Weights: the model's ``model.safetensors.index.json`` total size when present, else the parameter
+  count computed from its ``config.json`` (text decoder plus vision tower) times the dtype's bytes.
+  The files are looked up in the model directory (``classify.model`` as a local path) or in the
+  Hugging Face cache; without them a size in the model name ("72B") is the last resort.
+- KV cache per token: 2 x layers x KV heads x head size x dtype bytes.
+
+When memory or the model's size is unknown, ``auto`` uses every GPU for one copy (the safe layout for
+any model that fits the job at all) and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+GIB = 1024 ** 3
+# Activations of the largest batch, CUDA graphs, the vision tower's work space and the encoder cache,
+# per GPU (vLLM measures it at start-up; this only has to be on the safe side of it).
+OVERHEAD_GIB = 4.0
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float8": 1, "int8": 1}
+_SIZE_IN_NAME = re.compile(r"(\d+(?:\.\d+)?)\s*[bB](?![a-zA-Z])")
+
+
+class ParallelismError(ValueError):
+    """The configured layout does not match the GPUs the job has; the message names the key."""
+
+
+@dataclass(frozen=True)
+class ModelFootprint:
+    """What one copy of a model needs: weights and KV cache per token, and its head counts."""
+
+    weight_bytes: float
+    kv_bytes_per_token: float
+    attention_heads: int | None
+    source: str
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Tensor parallel x data parallel over ``gpus`` (device ids as CUDA_VISIBLE_DEVICES names them)."""
+
+    tensor: int
+    data: int
+    gpus: tuple[str, ...]
+    reason: str
+
+    def groups(self) -> list[tuple[str, ...]]:
+        """The GPUs of each copy: consecutive ids, ``tensor`` per copy."""
+        return [self.gpus[i * self.tensor:(i + 1) * self.tensor] for i in range(self.data)]
+
+
+# ------------------------------------------------------------------------------- the machine
+
+def granted_gpus(environ=os.environ) -> tuple[list[str], str]:
+    """Device ids of the GPUs this job may use, and where that came from."""
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        ids = [d.strip() for d in visible.split(",") if d.strip()]
+        if ids and ids[0] not in ("-1", "NoDevFiles"):
+            return ids, "CUDA_VISIBLE_DEVICES"
+        return [], "CUDA_VISIBLE_DEVICES (none)"
+    listed = _nvidia_smi(["-L"])
+    if listed:
+        count = sum(1 for line in listed.splitlines() if line.startswith("GPU "))
+        if count:
+            return [str(i) for i in range(count)], "nvidia-smi -L"
+    return [], "no GPU visible"
+
+
+def gpu_memory_gib(config: dict) -> tuple[float | None, str]:
+    """Memory per GPU in GiB (the smallest GPU's), and where it came from."""
+    configured = config["classify"].get("gpu_memory_gib")
+    if configured:
+        return float(configured), "classify.gpu_memory_gib"
+    out = _nvidia_smi(["--query-gpu=memory.total", "--format=csv,noheader,nounits"])
+    values = []
+    for line in (out or "").splitlines():
+        try:
+            values.append(float(line.strip()) / 1024)  # MiB
+        except ValueError:
+            continue
+    if values:
+        return min(values), "nvidia-smi memory.total"
+    return None, "unknown (no nvidia-smi, classify.gpu_memory_gib unset)"
+
+
+def _nvidia_smi(args: list[str]) -> str | None:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        return subprocess.run([exe, *args], capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+# ------------------------------------------------------------------------------- the model
+
+def model_files(model: str) -> Path | None:
+    """The directory holding the model's config.json: a local path, or its Hugging Face cache snapshot."""
+    local = Path(model).expanduser()
+    if (local / "config.json").is_file():
+        return local
+    hub = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME") or "~/.cache/huggingface")
+               / "hub").expanduser()
+    snapshots = hub / ("models--" + model.replace("/", "--")) / "snapshots"
+    found = sorted(snapshots.glob("*/config.json"), key=lambda p: p.stat().st_mtime) if snapshots.is_dir() else []
+    return found[-1].parent if found else None
+
+
+def _dtype_bytes(cfg: dict) -> int:
+    text = cfg.get("text_config") or {}
+    name = str(cfg.get("torch_dtype") or cfg.get("dtype") or text.get("torch_dtype") or "bfloat16")
+    return DTYPE_BYTES.get(name.replace("torch.", ""), 2)
+
+
+def text_parameters(cfg: dict) -> float:
+    """Parameters of a llama/qwen-style decoder from its config (embeddings, attention, gated MLP)."""
+    h = cfg["hidden_size"]
+    layers = cfg["num_hidden_layers"]
+    heads = cfg["num_attention_heads"]
+    kv = cfg.get("num_key_value_heads") or heads
+    head_dim = cfg.get("head_dim") or h // heads
+    inter = cfg["intermediate_size"]
+    vocab = cfg["vocab_size"]
+    attention = h * heads * head_dim + 2 * h * kv * head_dim + heads * head_dim * h + (heads + 2 * kv) * head_dim
+    mlp = 3 * h * inter
+    per_layer = attention + mlp + 2 * h
+    embeddings = vocab * h * (1 if cfg.get("tie_word_embeddings") else 2)
+    return float(layers * per_layer + embeddings + h)
+
+
+def vision_parameters(vc: dict) -> float:
+    """Parameters of a Qwen2.5-VL-style vision tower (patch embedding, blocks, patch merger)."""
+    hv = vc["hidden_size"]
+    depth = vc["depth"]
+    inter = vc.get("intermediate_size") or 4 * hv
+    patch = vc.get("patch_size", 14)
+    embed = vc.get("in_chans", 3) * vc.get("temporal_patch_size", 2) * patch * patch * hv
+    block = 4 * hv * hv + 4 * hv + 3 * hv * inter + 2 * inter + hv + 2 * hv
+    merged = hv * vc.get("spatial_merge_size", 2) ** 2
+    merger = hv + merged * merged + merged + merged * vc.get("out_hidden_size", hv) + vc.get("out_hidden_size", hv)
+    return float(embed + depth * block + merger)
+
+
+def model_footprint(model: str) -> ModelFootprint | None:
+    """Weights and KV cache per token of ``model``; None when nothing tells its size."""
+    directory = model_files(model)
+    if directory is None:
+        match = _SIZE_IN_NAME.search(Path(model).name)
+        if not match:
+            return None
+        return ModelFootprint(float(match.group(1)) * 1e9 * 2, math.nan, None,
+                              f"size in the model name ({match.group(0)}, bf16); no config.json found")
+    cfg = json.loads((directory / "config.json").read_text())
+    text = cfg.get("text_config") or cfg
+    dtype_bytes = _dtype_bytes(cfg)
+    index = directory / "model.safetensors.index.json"
+    if index.is_file() and json.loads(index.read_text()).get("metadata", {}).get("total_size"):
+        weights = float(json.loads(index.read_text())["metadata"]["total_size"])
+        source = f"{index.name} total_size"
+    else:
+        params = text_parameters(text) + (vision_parameters(cfg["vision_config"]) if cfg.get("vision_config") else 0)
+        weights = params * dtype_bytes
+        source = f"config.json ({params / 1e9:.2f}B parameters x {dtype_bytes} bytes)"
+    heads = text["num_attention_heads"]
+    head_dim = text.get("head_dim") or text["hidden_size"] // heads
+    kv_heads = text.get("num_key_value_heads") or heads
+    kv = 2 * text["num_hidden_layers"] * kv_heads * head_dim * dtype_bytes
+    return ModelFootprint(weights, float(kv), heads, f"{source}, {directory}")
+
+
+# ------------------------------------------------------------------------------- the choice
+
+def fits(footprint: ModelFootprint, tensor: int, memory_gib: float, utilization: float, request_tokens: int) -> bool:
+    """Whether one copy at this tensor-parallel size holds its weights and one largest request."""
+    kv = 0.0 if math.isnan(footprint.kv_bytes_per_token) else footprint.kv_bytes_per_token * request_tokens
+    per_gpu = (footprint.weight_bytes + kv) / tensor / GIB + OVERHEAD_GIB
+    return per_gpu <= memory_gib * utilization
+
+
+def choose_layout(config: dict, largest_request_tokens: int, environ=os.environ,
+                  footprint: ModelFootprint | None = None) -> Layout:
+    """The layout for this job (see the module docstring); ``footprint`` overrides the lookup (tests)."""
+    c = config["classify"]
+    gpus, gpu_source = granted_gpus(environ)
+    setting = c["parallelism"]
+    if isinstance(setting, dict):
+        tensor, data = int(setting["tensor"]), int(setting.get("data", 1))
+        if gpus and tensor * data > len(gpus):
+            raise ParallelismError(
+                f"config key 'classify.parallelism': tensor {tensor} x data {data} needs {tensor * data} GPUs "
+                f"but the job has {len(gpus)} ({gpu_source}: {','.join(gpus)})")
+        ids = tuple(gpus[:tensor * data]) if gpus else tuple(str(i) for i in range(tensor * data))
+        unused = f"; {len(gpus) - tensor * data} GPUs left unused" if gpus and len(gpus) > tensor * data else ""
+        return Layout(tensor, data, ids, f"classify.parallelism: tensor {tensor} x data {data}{unused}")
+
+    n = max(1, len(gpus))
+    ids = tuple(gpus) if gpus else ("0",)
+    memory, memory_source = gpu_memory_gib(config)
+    footprint = footprint or model_footprint(c["model"])
+    inputs = (f"{n} GPUs ({gpu_source}), {'%.1f GiB' % memory if memory else 'memory unknown'} per GPU "
+              f"({memory_source}), utilization {c['gpu_memory_utilization']:g}, largest request "
+              f"{largest_request_tokens} tokens")
+    if footprint is None or memory is None:
+        why = "model size unknown" if footprint is None else "GPU memory unknown"
+        return Layout(n, 1, ids, f"auto: {why}, one copy over every GPU: tensor {n} x data 1; {inputs}")
+    candidates = [t for t in range(1, n + 1) if n % t == 0
+                  and (footprint.attention_heads is None or footprint.attention_heads % t == 0)]
+    weights = f"weights {footprint.weight_bytes / GIB:.1f} GiB, KV {footprint.kv_bytes_per_token / 1024:.0f} KiB/token " \
+              f"({footprint.source})"
+    for tensor in candidates:
+        if fits(footprint, tensor, memory, c["gpu_memory_utilization"], largest_request_tokens):
+            return Layout(tensor, n // tensor, ids,
+                          f"auto: tensor {tensor} x data {n // tensor} (smallest tensor-parallel size that fits); "
+                          f"{weights}; {inputs}")
+    return Layout(n, 1, ids, f"auto: the model does not fit even at tensor {n}; trying one copy over every GPU "
+                             f"anyway (vLLM will say what is missing); {weights}; {inputs}")

@@ -1,0 +1,118 @@
+"""classify.parallelism: tensor x data parallel chosen from the model's size and the GPUs' memory."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from vidlabel import config as vconfig
+from vidlabel.parallelism import (GIB, ParallelismError, choose_layout, granted_gpus, gpu_memory_gib,
+                                  model_footprint)
+
+DATA = Path(__file__).resolve().parent / "data"
+QWEN_7B = DATA / "qwen2_5_vl_7b"
+QWEN_72B = DATA / "qwen2_5_vl_72b"
+H200_GIB = 143771 / 1024  # nvidia-smi memory.total of an H200, MiB
+H100_80_GIB = 81559 / 1024
+
+
+def config(model: Path | str, memory_gib: float | None = None, **classify) -> dict:
+    return vconfig.validate({"posts": "p.csv", "media_root": "/m",
+                             "classify": {"model": str(model), "gpu_memory_gib": memory_gib, **classify}})
+
+
+def gpus(n: int) -> dict:
+    return {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(n))}
+
+
+def test_parameter_count_from_the_model_config_matches_the_published_sizes():
+    # Published: 8.29B (7B) and 73.4B (72B) parameters, bf16.
+    small, big = model_footprint(str(QWEN_7B)), model_footprint(str(QWEN_72B))
+    assert small.weight_bytes / 2 == pytest.approx(8.29e9, rel=0.002)
+    assert big.weight_bytes / 2 == pytest.approx(73.41e9, rel=0.002)
+    # KV cache per token: 2 (K and V) x layers x KV heads x head size x 2 bytes.
+    assert small.kv_bytes_per_token == 2 * 28 * 4 * 128 * 2
+    assert big.kv_bytes_per_token == 2 * 80 * 8 * 128 * 2
+    assert big.attention_heads == 64
+
+
+@pytest.mark.parametrize("model,n,memory,tensor,data", [
+    (QWEN_7B, 1, H200_GIB, 1, 1),
+    (QWEN_7B, 4, H100_80_GIB, 1, 4),     # a 7B on a 4-GPU job: four copies, not one split four ways
+    (QWEN_7B, 2, H200_GIB, 1, 2),
+    (QWEN_72B, 2, H200_GIB, 2, 1),       # 137 GiB of weights fit 2 x 141 GB
+    (QWEN_72B, 4, H100_80_GIB, 4, 1),    # but not 2 x 80 GB with a 32k-token request
+    (QWEN_72B, 4, H200_GIB, 2, 2),
+    (QWEN_72B, 8, H100_80_GIB, 4, 2),
+])
+def test_auto_picks_the_smallest_tensor_parallel_size_that_fits(model, n, memory, tensor, data):
+    layout = choose_layout(config(model, memory), 32768, gpus(n))
+    assert (layout.tensor, layout.data) == (tensor, data), layout.reason
+    assert "smallest tensor-parallel size that fits" in layout.reason
+    assert layout.groups() == [tuple(str(i) for i in range(k * tensor, (k + 1) * tensor)) for k in range(data)]
+    # The decision names its inputs.
+    assert f"{n} GPUs (CUDA_VISIBLE_DEVICES)" in layout.reason and "classify.gpu_memory_gib" in layout.reason
+    assert "largest request 32768 tokens" in layout.reason
+
+
+def test_the_largest_request_decides_at_the_margin():
+    # 72B at TP 2 on 82 GiB GPUs (0.9 usable: 73.8 GiB): weights 68.4 GiB + 4 GiB overhead + the KV
+    # cache of a 1,000-token request fit; that of a 32k-token request (10 GiB over two GPUs) does not.
+    cfg = config(QWEN_72B, 82.0)
+    small = choose_layout(cfg, 1000, gpus(4))
+    big = choose_layout(cfg, 32768, gpus(4))
+    assert (small.tensor, small.data) == (2, 2) and (big.tensor, big.data) == (4, 1)
+    assert "smallest tensor-parallel size that fits" in small.reason and "smallest" in big.reason
+    # Nothing fits: every GPU for one copy, and the log says so.
+    hopeless = choose_layout(config(QWEN_72B, 20.0), 32768, gpus(4))
+    assert (hopeless.tensor, hopeless.data) == (4, 1) and "does not fit even at tensor 4" in hopeless.reason
+
+
+def test_explicit_layout_is_kept_and_checked_against_the_gpus():
+    cfg = config(QWEN_7B, None, parallelism={"tensor": 2, "data": 2})
+    layout = choose_layout(cfg, 1000, {"CUDA_VISIBLE_DEVICES": "4,5,6,7"})
+    assert (layout.tensor, layout.data) == (2, 2) and layout.groups() == [("4", "5"), ("6", "7")]
+    with pytest.raises(ParallelismError, match="classify.parallelism.*needs 4 GPUs but the job has 2"):
+        choose_layout(cfg, 1000, gpus(2))
+
+
+def test_unknown_size_or_memory_uses_every_gpu_for_one_copy(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    layout = choose_layout(config("some-org/mystery-model", 80.0), 1000, gpus(4))
+    assert (layout.tensor, layout.data) == (4, 1) and "model size unknown" in layout.reason
+    layout = choose_layout(config(QWEN_7B, None), 1000, gpus(4))
+    assert (layout.tensor, layout.data) == (4, 1) and "GPU memory unknown" in layout.reason
+    # A size in the model's name is the last resort.
+    assert choose_layout(config("org/Some-VL-7B", 80.0), 1000, gpus(4)).data == 4
+
+
+def test_model_files_from_the_hugging_face_cache_and_weights_from_the_index(monkeypatch, tmp_path):
+    snapshot = tmp_path / "hub" / "models--Qwen--Qwen2.5-VL-7B-Instruct" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text((QWEN_7B / "config.json").read_text())
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    fp = model_footprint("Qwen/Qwen2.5-VL-7B-Instruct")
+    assert fp.weight_bytes / 2 == pytest.approx(8.29e9, rel=0.002) and str(snapshot) in fp.source
+    (snapshot / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 16584333312}}))
+    fp = model_footprint("Qwen/Qwen2.5-VL-7B-Instruct")
+    assert fp.weight_bytes == 16584333312 and "total_size" in fp.source
+
+
+def test_gpus_and_memory_from_nvidia_smi_when_nothing_says_otherwise(monkeypatch, tmp_path):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text('#!/bin/sh\ncase "$1" in\n  -L) printf "GPU 0: H200 (UUID: a)\\nGPU 1: H200 (UUID: b)\\n";;\n'
+                   '  *) printf "143771\\n143771\\n";;\nesac\n')
+    smi.chmod(smi.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert granted_gpus({}) == (["0", "1"], "nvidia-smi -L")
+    assert granted_gpus({"CUDA_VISIBLE_DEVICES": "3"}) == (["3"], "CUDA_VISIBLE_DEVICES")
+    memory, source = gpu_memory_gib(config(QWEN_72B, None))
+    assert memory == pytest.approx(H200_GIB) and source == "nvidia-smi memory.total"
+    layout = choose_layout(config(QWEN_72B, None), 32768, {})
+    assert (layout.tensor, layout.data) == (2, 1), layout.reason
+    assert GIB == 1024 ** 3
