@@ -44,3 +44,26 @@ def read_request_log(path: str | Path) -> list[dict]:
             except json.JSONDecodeError:
                 pass  # torn last line of a killed stand-in
     return events
+
+
+def vllm_shim(directory: str | Path, *standin_args: str, python: str | None = None) -> Path:
+    """Write an executable ``directory/vllm`` that answers ``vllm serve MODEL [vLLM flags]`` by
+    starting the stand-in with vLLM's own command line and its Qwen2.5-VL token and encoder-cache
+    rules (``--video-tokens qwen``), plus ``standin_args`` (faults, ``--yes-if``, ``--request-log``).
+
+    Put ``directory`` first on PATH and keep vidlabel's default ``classify.server_command``: the test
+    then runs exactly the command a user's job runs.
+    """
+    path = Path(directory) / "vllm"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fixed = [str(SERVER_SCRIPT), "--video-tokens", "qwen", *map(str, standin_args)]
+    path.write_text(
+        f"#!{python or sys.executable}\n"
+        '"""vllm serve MODEL [flags] -> the stand-in server (tests only)."""\n'
+        "import os, sys\n"
+        "if len(sys.argv) < 3 or sys.argv[1] != 'serve':\n"
+        "    sys.exit('usage: vllm serve MODEL [options]')\n"
+        f"fixed = {fixed!r}\n"
+        "os.execv(sys.executable, [sys.executable, fixed[0], '--served-model', sys.argv[2], *fixed[1:], *sys.argv[3:]])\n")
+    path.chmod(0o755)
+    return path

@@ -14,6 +14,16 @@ It behaves like vLLM 0.33 where the client can tell the difference:
   prompt and output tokens, 503 "The engine is currently busy ..." above ``--max-queued`` waiting;
 - ``/metrics`` in Prometheus text with vLLM's metric names.
 
+Started through ``tests/standin/bin``'s ``vllm`` (``vllm_shim``), it takes vLLM's own command line
+(the default ``classify.server_command``): unknown flags are refused as vLLM's parser would, and
+``--video-tokens qwen`` counts video tokens by vLLM's Qwen2.5-VL rule on the real file
+(``qwen_video.py``: frames at ``--media-io-kwargs`` fps, ``--mm-processor-kwargs`` pixel bounds) with
+vLLM's encoder cache (max of ``--max-num-batched-tokens``, default 8192, and the profiler's largest
+item). An empty or non-video file → 400 "Could not open video stream"; an MP4 cut after its index →
+500 "Expected there to be 1 prompt placeholders ...". ``--random-weights`` answers like a model with
+random weights under a JSON schema: valid JSON only with
+``--structured-outputs-config '{"disable_any_whitespace": true}'``, else whitespace up to max_tokens.
+
 Answers are deterministic: for every question id listed in the prompt (lines ``- qid: ...``) the
 answer is "yes" iff a word given by ``--yes-if QID=WORD`` occurs (case-insensitive) inside the
 prompt's <caption> or <transcript> block, else "no".
@@ -43,6 +53,9 @@ from collections import defaultdict
 
 from aiohttp import web
 
+import qwen_video  # beside this script
+
+VLLM_DEFAULT_BATCHED_TOKENS = 8192  # vLLM's API-server default on H100/H200
 _QUESTION_LINE = re.compile(r"^\s*-\s*([a-z][a-z0-9_]*)\s*:", re.MULTILINE)
 _BLOCKS = re.compile(r"<(caption|transcript)>(.*?)</\1>", re.DOTALL | re.IGNORECASE)
 
@@ -58,10 +71,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--allowed-local-media-path", required=True)
-    p.add_argument("--served-model", default="standin-model")
+    p.add_argument("--served-model", "--served-model-name", dest="served_model", default="standin-model")
     p.add_argument("--request-log", default=None, help="JSON-lines file of request events")
     p.add_argument("--yes-if", action="append", default=[], metavar="QID=WORD")
     # Token accounting.
+    p.add_argument("--video-tokens", choices=["bytes", "qwen"], default="bytes",
+                   help="bytes: file size / --bytes-per-video-token (cheap synthetic load); qwen: vLLM's rule")
     p.add_argument("--bytes-per-video-token", type=float, default=64.0)
     p.add_argument("--chars-per-text-token", type=float, default=4.0)
     p.add_argument("--max-model-len", type=int, default=32768)
@@ -93,7 +108,29 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--verbose-on", action="append", default=[], metavar="WORD=TOKENS",
                    help="the answer to prompts containing WORD needs TOKENS output tokens")
     p.add_argument("--slow-start", type=float, default=0.0, metavar="S")
-    return p.parse_args(argv)
+    p.add_argument("--random-weights", action="store_true",
+                   help="answer like random weights: random yes/no, whitespace runaways without the vLLM flag")
+    # vLLM's own flags (those vidlabel's default command uses, and a few common ones).
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--data-parallel-size", type=int, default=1)
+    p.add_argument("--limit-mm-per-prompt", type=json.loads, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--mm-encoder-tp-mode", choices=["weights", "data"], default="weights")
+    p.add_argument("--mm-processor-kwargs", type=json.loads, default={})
+    p.add_argument("--media-io-kwargs", type=json.loads, default={})
+    p.add_argument("--structured-outputs-config", type=json.loads, default={})
+    p.add_argument("--generation-config", default="auto")
+    p.add_argument("--api-server-count", type=int, default=1)
+    p.add_argument("--mm-processor-cache-gb", type=float, default=4.0)
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--load-format", default="auto")
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    args = p.parse_args(argv)
+    if args.video_tokens == "qwen" and args.max_num_batched_tokens is None:
+        args.max_num_batched_tokens = VLLM_DEFAULT_BATCHED_TOKENS
+    return args
 
 
 class RequestLog:
@@ -195,6 +232,14 @@ class StandIn:
         for spec in args.verbose_on:
             word, _, tokens = spec.partition("=")
             self.verbose_on.append((word.lower(), int(tokens)))
+        self.fps = float((args.media_io_kwargs.get("video") or {}).get("fps", 2))
+        self.min_pixels = int(args.mm_processor_kwargs.get("min_pixels", 128 * 28 * 28))
+        self.max_pixels = int(args.mm_processor_kwargs.get("max_pixels", 768 * 28 * 28))
+        if args.video_tokens == "qwen":
+            self.encoder_cache = qwen_video.encoder_cache_size(args.max_num_batched_tokens, self.max_pixels)
+        else:
+            self.encoder_cache = args.encoder_cache_tokens or args.max_num_batched_tokens or 0
+        self.no_whitespace = bool(args.structured_outputs_config.get("disable_any_whitespace"))
         self.chat_arrivals = 0
         self.chat_completed = 0
         self.seen = defaultdict(int)  # attempts per request id, for faults that hit the first TIMES only
@@ -218,6 +263,16 @@ class StandIn:
             words = self.yes_if.get(qid, [])
             answers[qid] = "yes" if any(w and w in blocks for w in words) else "no"
         return answers
+
+    def random_answer(self, answers: dict[str, str], body: dict) -> tuple[str, int]:
+        """What a model with random weights answers: under a JSON schema, valid JSON spelled a byte a
+        token or so, but free whitespace wherever the grammar allows it unless it is disabled."""
+        if (body.get("response_format") or {}).get("type") == "json_schema" and self.no_whitespace:
+            text = json.dumps({q: self.rng.choice(["yes", "no"]) for q in answers}, separators=(",", ":"))
+            return text, len(text) // 2 + 1
+        if (body.get("response_format") or {}).get("type") == "json_schema":
+            return "{\r\n \t\n" + " " * 64, 10 ** 6  # a whitespace runaway: cut at max_tokens
+        return "lorem ipsum " * 64, 10 ** 6
 
     # ---- routes --------------------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
@@ -326,12 +381,29 @@ class StandIn:
             except FileNotFoundError:
                 return self._error(rid, 500, f"[Errno 2] No such file or directory: '{path}'",
                                    "InternalServerError")
-            video_tokens = 2 + int(size / args.bytes_per_video_token)
-            if args.encoder_cache_tokens and video_tokens > args.encoder_cache_tokens:
-                return self._error(rid, 400, f"The number of multimodal tokens ({video_tokens}) exceeds the "
-                                   f"pre-allocated encoder cache size ({args.encoder_cache_tokens}).",
-                                   "BadRequestError")
+            if args.video_tokens == "qwen":
+                try:
+                    info = qwen_video.probe(real)
+                except qwen_video.CannotOpen:
+                    return self._error(rid, 400, "Could not open video stream", "BadRequestError")
+                except qwen_video.NoFrames:
+                    return self._error(rid, 500, "Expected there to be 1 prompt placeholders corresponding to 1 "
+                                       "video items, but instead found 0 prompt placeholders! Make sure the "
+                                       "implementation of `_call_hf_processor` and `_get_mm_fields_config` are "
+                                       "consistent with each other.", "InternalServerError")
+                embeds = qwen_video.video_tokens(info, self.fps, self.min_pixels, self.max_pixels)
+                video_tokens = embeds + 2  # <|vision_start|> ... <|vision_end|>
+            else:
+                embeds = video_tokens = 2 + int(size / args.bytes_per_video_token)
+            if self.encoder_cache and embeds > self.encoder_cache:
+                return self._error(rid, 400, f"The decoder prompt contains a(n) video item with {embeds} embedding "
+                                   f"tokens, which exceeds the pre-allocated encoder cache size "
+                                   f"{self.encoder_cache}. Please reduce the input size or increase the encoder "
+                                   "cache size by setting --limit-mm-per-prompt at startup.", "BadRequestError")
         prompt_tokens = video_tokens + 1 + int(len(prompt) / args.chars_per_text_token)
+        if prompt_tokens > args.max_model_len and args.video_tokens == "qwen":
+            return self._error(rid, 400, f"Input length ({prompt_tokens}) exceeds model's maximum context length "
+                               f"({args.max_model_len}).", "BadRequestError")
         if prompt_tokens > args.max_model_len:
             return self._error(rid, 400, f"This model's maximum context length is {args.max_model_len} tokens. "
                                f"However, your prompt contains at least {prompt_tokens} input tokens.",
@@ -343,6 +415,8 @@ class StandIn:
         answers = self.answer_for(prompt)
         text = json.dumps(answers) if answers else "no"
         needed = 1 + len(text) // 4
+        if args.random_weights:
+            text, needed = self.random_answer(answers, body)
         for word, tokens in self.verbose_on:
             if word in prompt_lower:
                 needed = max(needed, tokens)
@@ -403,7 +477,10 @@ class StandIn:
 async def main(argv=None) -> None:
     args = parse_args(argv)
     print(f"stand-in: starting (pid {os.getpid()}), model {args.served_model}, media loading threads "
-          f"{os.environ.get('VLLM_MEDIA_LOADING_THREAD_COUNT', 'default')}", flush=True)
+          f"{os.environ.get('VLLM_MEDIA_LOADING_THREAD_COUNT', 'default')}, CUDA_VISIBLE_DEVICES "
+          f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}, tensor {args.tensor_parallel_size} x data "
+          f"{args.data_parallel_size}, api servers {args.api_server_count}, max_num_batched_tokens "
+          f"{args.max_num_batched_tokens}", flush=True)
     if args.slow_start:
         await asyncio.sleep(args.slow_start)  # loading weights
     standin = StandIn(args)

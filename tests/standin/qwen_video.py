@@ -1,0 +1,99 @@
+"""How vLLM (0.26-0.33) turns a video into Qwen2.5-VL prompt tokens, for the stand-in server.
+
+Written from vLLM's source (``multimodal/video.py: Qwen2VLVideoBackend``,
+``models/qwen2_vl.py``) and the Hugging Face processor's ``smart_resize``, independently of
+vidlabel's own estimator (``vidlabel.tokens``), so that the tests compare two implementations:
+
+- frames: ``n = total_frames / source_fps * fps``, clamped to [min_frames, max_frames] (and the
+  file's frames, floored to even), then floored to a multiple of the temporal patch (2);
+- each frame resized to multiples of 28 with its area within [min_pixels, max_pixels];
+- one token per 28x28 cell per frame pair;
+- the encoder cache holds max(--max-num-batched-tokens, the profiler's largest video item); the
+  profiler's video is at most 14 frames of the largest image the pixel bound allows.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import av
+
+FACTOR = 28
+TEMPORAL_PATCH = 2
+PROFILER_MAX_FRAMES = 14  # vLLM models/qwen2_vl.py: _MAX_FRAMES_PER_VIDEO
+
+
+class CannotOpen(Exception):
+    """vLLM's OpenCV loader: 'Could not open video stream' (empty or non-video file)."""
+
+
+class NoFrames(Exception):
+    """The container opens but no frame decodes (an MP4 cut after its index)."""
+
+
+@dataclass
+class VideoInfo:
+    total_frames: int
+    fps: float
+    width: int
+    height: int
+
+
+def probe(path: str) -> VideoInfo:
+    """Frame count, frame rate and display size of the first video stream; decodes one frame."""
+    try:
+        container = av.open(path)
+    except (av.error.FFmpegError, OSError) as exc:
+        raise CannotOpen(str(exc)) from None
+    with container:
+        if not container.streams.video:
+            raise CannotOpen("no video stream")
+        stream = container.streams.video[0]
+        fps = float(stream.average_rate or 0)
+        frames = stream.frames or int(round(float(stream.duration * stream.time_base) * fps)
+                                      if stream.duration else 0)
+        try:
+            first = next(container.decode(stream), None)
+        except av.error.FFmpegError:
+            first = None
+        if first is None:
+            raise NoFrames(path)
+        width, height = first.width, first.height
+        rotation = getattr(first, "rotation", 0) or 0
+        if int(rotation) % 180:
+            width, height = height, width
+    return VideoInfo(frames, fps, width, height)
+
+
+def sampled_frames(info: VideoInfo, fps: float, min_frames: int = 4, max_frames: int = 768) -> int:
+    most = math.floor(min(max_frames, info.total_frames) / TEMPORAL_PATCH) * TEMPORAL_PATCH
+    n = info.total_frames / info.fps * fps if info.fps > 0 else 0
+    n = min(max(n, min_frames), most, info.total_frames)
+    return math.floor(n / TEMPORAL_PATCH) * TEMPORAL_PATCH
+
+
+def resize(height: int, width: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    h_bar = max(FACTOR, round(height / FACTOR) * FACTOR)
+    w_bar = max(FACTOR, round(width / FACTOR) * FACTOR)
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h_bar = max(FACTOR, math.floor(height / beta / FACTOR) * FACTOR)
+        w_bar = max(FACTOR, math.floor(width / beta / FACTOR) * FACTOR)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / FACTOR) * FACTOR
+        w_bar = math.ceil(width * beta / FACTOR) * FACTOR
+    return h_bar, w_bar
+
+
+def video_tokens(info: VideoInfo, fps: float, min_pixels: int, max_pixels: int) -> int:
+    frames = sampled_frames(info, fps)
+    h, w = resize(info.height, info.width, min_pixels, max_pixels)
+    return math.ceil(frames / TEMPORAL_PATCH) * (h // FACTOR) * (w // FACTOR)
+
+
+def encoder_cache_size(max_num_batched_tokens: int, max_pixels: int) -> int:
+    """max(budget, the profiler's largest item): 14 frames at the largest cell grid the bound allows."""
+    cells = max_pixels // (FACTOR * FACTOR)
+    return max(max_num_batched_tokens, PROFILER_MAX_FRAMES // TEMPORAL_PATCH * cells)
