@@ -149,7 +149,7 @@ def test_transcoded_media_is_used_and_reestimated(tmp_path):
     assert "long" not in excl
     assert reqs["long"]["media_path"] == str(tdir / "long.mp4")
     assert reqs["long"]["video_path"] == f"{MEDIA}/long.mp4"
-    assert reqs["long"]["est_visual_tokens"] == 38 * 720  # ceil(75/2) pairs of 20x36 cells
+    assert reqs["long"]["est_visual_tokens"] == 37 * 720  # 74 of the 75 frames (an even count): 37 pairs
     assert reqs["long"]["plan"].startswith("replan: fps 2->0.125")
     assert reqs["c"]["media_path"] == f"{MEDIA}/c.mp4" and "transcode failed" in reqs["c"]["plan"]
 

@@ -62,7 +62,7 @@ def test_lower_max_pixels_shrinks_frames():
 def test_frames_clamped_to_min_max_and_even():
     d = np.array([0.5, 3.3, 7.4, 1000.0])
     frames = tk.qwen_frames(d, np.full(4, 30.0), S)
-    # 1 frame -> min 4; 6.6 -> round 7 -> even 6; 14.8 -> 15 -> 14; 2000 -> max 768
+    # 1 frame -> min 4; 6.6 -> even 6; 14.8 -> 14; 2000 -> max 768
     assert frames.tolist() == [4, 6, 14, 768]
     s = S.with_(fps=1.0, max_frames=100)
     assert tk.qwen_frames(np.array([333.0]), np.array([30.0]), s).tolist() == [100]
@@ -73,9 +73,15 @@ def test_never_more_frames_than_the_file_has():
     assert tk.qwen_frames(np.array([60.0]), np.array([0.5]), S).tolist() == [30]
     # 1 s at 2 fps: the file has 2 frames, fewer than min_frames.
     assert tk.qwen_frames(np.array([1.0]), np.array([2.0]), S).tolist() == [2]
-    # An odd frame count goes in ceil(T/2) pairs (the last frame is repeated).
+    # A file of 3 frames: vLLM samples an even count, 2 of them, one pair.
     est = tk.qwen2_5_vl(np.array([10.0]), np.array([0.3]), np.array([640]), np.array([480]), S)
-    assert int(est.frames[0]) == 3 and int(est.tokens[0]) == 2 * 17 * 23
+    assert int(est.frames[0]) == 2 and int(est.tokens[0]) == 1 * 17 * 23
+
+
+def test_frames_floor_like_vllm_not_round():
+    # 1223 frames at 30 fps (40.77 s) at 2 fps: 81.5 -> 80 frames (vLLM), not round(81.5) = 82.
+    assert tk.qwen_frames(np.array([1223 / 30]), np.array([30.0]), S).tolist() == [80]
+    assert tk.qwen_frames(np.array([534 / 30]), np.array([30.0]), S).tolist() == [34]
 
 
 def test_unknown_source_fps_does_not_cap():

@@ -10,9 +10,10 @@ a documented approximation (``approx_text_tokens``).
 
 The Qwen2.5-VL rule, as served by vLLM 0.33 (see shared/notes/reference.md):
 
-* frames: ``round(duration * fps)`` (fps = ``planning.fps``, default 2, the server's
-  ``--media-io-kwargs`` fps), clamped to [min_frames, max_frames], rounded down to an even count,
-  and never more than the frames the file has (``round(duration * source_fps)``);
+* frames: ``duration * fps`` (fps = ``planning.fps``, default 2, the server's ``--media-io-kwargs``
+  fps), at least min_frames, at most max_frames and the frames the file has
+  (``round(duration * source_fps)``), each bound taken down to an even count, and the result floored
+  to an even count (vLLM's ``Qwen2VLVideoBackend``; a 40.8 s clip gives 80 frames, not 82);
 * each frame is resized by ``smart_resize``: both sides to the nearest multiple of 28; if the area is
   above max_pixels, scale down by sqrt(area / max_pixels) and round each side *down* to a multiple of
   28; if below min_pixels, scale up and round *up* (the rule of Hugging Face's Qwen2-VL image
@@ -126,12 +127,14 @@ def file_frames(duration_s, source_fps) -> np.ndarray:
 
 
 def qwen_frames(duration_s, source_fps, s: Sampling) -> np.ndarray:
-    """Frames vLLM 0.33 samples for Qwen2/2.5-VL (fps-based, clamped, even, within the file)."""
+    """Frames vLLM samples for Qwen2/2.5-VL (its ``Qwen2VLVideoBackend``, a port of the Hugging Face
+    processor): ``duration * fps``, at least min_frames, at most max_frames and the file's frames
+    (both taken down to an even count), then floored to an even count; at least one pair."""
     d = np.nan_to_num(_arr(duration_s), nan=0.0)
-    n = np.round(d * s.fps)
-    n = np.clip(n, s.min_frames, s.max_frames)
-    n = np.maximum(2, np.floor(n / 2) * 2)
-    return np.minimum(n.astype(np.int64), file_frames(d, source_fps))
+    most = np.floor(np.minimum(s.max_frames, file_frames(d, source_fps)) / TEMPORAL_PATCH) * TEMPORAL_PATCH
+    n = np.minimum(np.maximum(d * s.fps, s.min_frames), most)
+    n = np.floor(n / TEMPORAL_PATCH) * TEMPORAL_PATCH
+    return np.maximum(TEMPORAL_PATCH, n).astype(np.int64)
 
 
 def _cells(height, width, s: Sampling):
