@@ -116,3 +116,79 @@ def test_gpus_and_memory_from_nvidia_smi_when_nothing_says_otherwise(monkeypatch
     layout = choose_layout(config(QWEN_72B, None), 32768, {})
     assert (layout.tensor, layout.data) == (2, 1), layout.reason
     assert GIB == 1024 ** 3
+
+
+# ------------------------------------------------------------------ copies served by the classify job
+
+def _shard(tmp_path: Path, n: int, classify: dict, monkeypatch):
+    """A shard of n requests for the default server command, whose `vllm` is the stand-in (2 slots
+    per copy, 0.3 s per request)."""
+    from standin import vllm_shim
+    from standin.shards import YES_IF, make_config, make_video, manifest_rows, write_manifest
+
+    media = tmp_path / "media"
+    clip = make_video(media / "clip.mp4")
+    log = tmp_path / "requests.jsonl"
+    shim = vllm_shim(tmp_path / "bin", "--request-log", str(log), "--slots", "2", "--latency", "0.3", *YES_IF)
+    monkeypatch.setenv("PATH", f"{shim.parent}{os.pathsep}{os.environ['PATH']}")
+    default = vconfig.load_schema()["properties"]["classify"]["properties"]["server_command"]["default"]
+    cfg = make_config(tmp_path, media, classify={**classify, "server_command": default})
+    rows = manifest_rows(cfg, [{"post_id": f"p{i}", "media_path": str(clip), "caption": "buy" if i % 2 else "x"}
+                               for i in range(n)])
+    return cfg, write_manifest(tmp_path / "shard.parquet", rows), log
+
+
+def _in_flight_max(events) -> int:
+    depth = best = 0
+    for e in sorted(events, key=lambda e: e["t"]):
+        if e["event"] == "received":
+            depth += 1
+            best = max(best, depth)
+        elif e["event"] in ("completed", "cancelled"):
+            depth -= 1
+    return best
+
+
+def test_one_server_per_copy_with_its_gpus_and_balanced_requests(tmp_path, monkeypatch):
+    """tensor 1 x data 2 on a job granted GPUs 4,5: two stand-in servers, one per GPU; the client
+    spreads the requests over both and keeps classify.concurrency in flight at each."""
+    import pyarrow.parquet as pq
+
+    from standin import read_request_log
+    from vidlabel.classify import run_shard
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "16")
+    cfg, shard, log = _shard(tmp_path, 24, {"parallelism": {"tensor": 1, "data": 2}, "concurrency": 2}, monkeypatch)
+    run_shard(cfg, shard, tmp_path / "labels.parquet", tmp_path / "journal.jsonl", tmp_path / "server.log", 0)
+    labels = pq.read_table(tmp_path / "labels.parquet").to_pylist()
+    assert len(labels) == 24 and {r["status"] for r in labels} == {"ok"}
+    logs = {i: (tmp_path / f"server.copy-{i}.log").read_text() for i in (0, 1)}
+    assert "CUDA_VISIBLE_DEVICES 4," in logs[0] and "CUDA_VISIBLE_DEVICES 5," in logs[1]
+    assert all("tensor 1 x data 1, api servers 2" in text for text in logs.values())  # 16 CPUs / 2 copies
+    events = [e for e in read_request_log(log) if not (e["request_id"] or "").startswith("smoke-")]
+    by_server: dict[int, list] = {}
+    for e in events:
+        by_server.setdefault(e["pid"], []).append(e)
+    assert len(by_server) == 2
+    served = sorted(sum(e["event"] == "received" for e in evs) for evs in by_server.values())
+    assert served[0] >= 8 and sum(served) == 24  # both copies did a fair share
+    # Two requests in flight per copy: four at once over the job, never more.
+    assert _in_flight_max(events) == 4
+
+
+def test_vllm_data_parallel_is_one_server_with_the_copies_behind_one_port(tmp_path, monkeypatch):
+    import pyarrow.parquet as pq
+
+    from standin import read_request_log
+    from vidlabel.classify import run_shard
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    cfg, shard, log = _shard(tmp_path, 12, {"parallelism": {"tensor": 1, "data": 2}, "concurrency": 2,
+                                            "data_parallel_backend": "vllm"}, monkeypatch)
+    run_shard(cfg, shard, tmp_path / "labels.parquet", tmp_path / "journal.jsonl", tmp_path / "server.log", 0)
+    assert {r["status"] for r in pq.read_table(tmp_path / "labels.parquet").to_pylist()} == {"ok"}
+    text = (tmp_path / "server.log").read_text()
+    assert "CUDA_VISIBLE_DEVICES 0,1," in text and "tensor 1 x data 2" in text
+    events = [e for e in read_request_log(log) if not (e["request_id"] or "").startswith("smoke-")]
+    assert len({e["pid"] for e in events}) == 1 and _in_flight_max(events) == 4

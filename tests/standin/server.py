@@ -149,7 +149,7 @@ class Engine:
     """N running slots and a FIFO waiting queue; the KV cache limits how much prompt can run at once."""
 
     def __init__(self, args):
-        self.slots = args.slots
+        self.slots = args.slots * args.data_parallel_size  # vLLM's data parallel: copies behind one port
         self.max_queued = args.max_queued
         self.kv_capacity = args.kv_capacity_tokens
         self.running = 0
