@@ -1,26 +1,37 @@
-"""vidlabel.client: error taxonomy, retries, concurrency and deadline, endpoints, adaptive limit."""
+"""vidlabel.client and its parts: error kinds, the in-flight limit, deadlines and the stall detector,
+endpoint health, adaptive concurrency; then the client against the stand-in with injected faults."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 from standin import read_request_log, standin_command
 from standin.shards import QUESTIONS, YES_IF, expected_answers, make_config, make_video, manifest_rows
-from vidlabel.client import (BackoffGate, ClassifyClient, ClientSettings, FatalClientError, Limiter,
-                             classify_error, parse_metrics, retry_after_s)
+from vidlabel.client import ClassifyClient, ClientSettings
+from vidlabel.concurrency import next_ceiling, parse_metrics
+from vidlabel.deadline import FACTOR, MIN_ANSWERS, Deadlines, Expired
+from vidlabel.endpoints import DOWN, SUSPECT, UP, Endpoints, NoLiveEndpoint
+from vidlabel.error_kinds import (FatalClientError, classify_error, fatal_error, response_message,
+                                  retry_after_s)
+from vidlabel.limit import InFlightLimit, backoff_s
 from vidlabel.server import VLLMServer
 
+
+# ---- error kinds -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("status,message,expected", [
     (500, "[Errno 2] No such file or directory: '/data/v.mp4'", ("bad_media", False)),
     (400, "The file path /etc/x.mp4 must be a subpath of `--allowed-local-media-path` /data.", ("bad_media", False)),
     (400, "This model's maximum context length is 32768 tokens. However, your prompt contains at least "
           "40000 input tokens.", ("too_long", False)),
-    (400, "Input length (40000) exceeds model's maximum context length (32768).", ("too_long", False)),
     (400, "The number of multimodal tokens (9000) exceeds the pre-allocated encoder cache size (8192).",
      ("encoder_cache", False)),
     (503, "The engine is currently busy and cannot accept new requests.", ("server_overloaded", True)),
@@ -35,11 +46,114 @@ def test_error_kind_from_status_and_message(status, message, expected):
     assert classify_error(status, message) == expected
 
 
+# Bodies measured on a real vLLM 0.26 server (issue 9), in vLLM's error format.
+VLLM_026_BODIES = [
+    # An MP4 cut after its header: no frame decodes, so the prompt lost its video placeholder.
+    (500, "Expected there to be 1 prompt placeholders corresponding to 1 video items, but instead found 0 "
+          "prompt placeholders! Make sure the video can be decoded.", "bad_media"),
+    (500, "[Errno 2] No such file or directory: '/data/media/gone.mp4'", "bad_media"),
+    (400, "The file path /etc/passwd must be a subpath of `--allowed-local-media-path /data/media`.", "bad_media"),
+    (400, "Input length (129623) exceeds model's maximum context length (32768).", "too_long"),
+    (400, "Could not open video stream", "bad_media"),
+    (400, "The decoder prompt contains a(n) video item with 18720 embedding tokens, which exceeds the "
+          "pre-allocated encoder cache size 8192", "encoder_cache"),
+]
+
+
+@pytest.mark.parametrize("status,message,kind", VLLM_026_BODIES)
+@pytest.mark.parametrize("shape", ["vllm", "openai"])
+def test_measured_vllm_error_bodies_are_permanent_kinds(status, message, kind, shape):
+    body = ({"object": "error", "message": message, "type": "BadRequestError", "param": None, "code": status}
+            if shape == "vllm" else {"error": {"message": message, "type": "BadRequestError", "code": status}})
+    parsed = response_message(json.dumps(body).encode())
+    assert parsed == message
+    assert classify_error(status, parsed) == (kind, False)
+
+
+def test_refused_key_stops_the_job_with_a_message_that_says_so():
+    body = b'{"error":"Unauthorized"}'
+    exc = fatal_error("http://gpu:8000/v1", 401, response_message(body))
+    assert isinstance(exc, FatalClientError)
+    assert "refused the API key" in str(exc) and "Unauthorized" in str(exc)
+    assert "the key or the endpoint is wrong" in str(exc) and "classify.api_key_env" in str(exc)
+    assert fatal_error("http://gpu:8000/v1", 404, "The model `x` does not exist.") is not None
+    assert fatal_error("http://gpu:8000/v1", 500, "boom") is None
+
+
 def test_retry_after_headers():
     assert retry_after_s({"retry-after": "3"}) == 3.0
     assert retry_after_s({"retry-after-ms": "250"}) == 0.25
+    assert retry_after_s({"retry-after": "86400"}) == 600.0
     assert retry_after_s({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}) is None
     assert retry_after_s({}) is None and retry_after_s(None) is None
+
+
+# ---- the in-flight limit and back-off ---------------------------------------------------------------
+
+def test_backoff_is_full_jitter_capped_and_honours_retry_after():
+    delays = [backoff_s(3, 1.0, 60.0, None) for _ in range(200)]
+    assert 0 <= min(delays) and max(delays) <= 4.0 and max(delays) > 2.0
+    assert all(backoff_s(20, 1.0, 5.0, None) <= 5.0 for _ in range(50))
+    assert backoff_s(1, 1.0, 60.0, 30.0) >= 30.0
+
+
+def test_scattered_503s_leave_the_limit_alone():
+    lim = InFlightLimit(16)
+    for i in range(200):  # one in five refused, whatever the number at the server (2..16)
+        n = 2 + (7 * i) % 15
+        lim.refused(n) if i % 5 == 0 else lim.answered(n)
+    assert lim.limit == 16
+
+
+def test_admission_503s_lower_the_limit_to_what_the_server_takes_and_answers_raise_it_again():
+    lim = InFlightLimit(16)
+    lim.refused(12)
+    assert lim.limit == 16  # no answer yet: no evidence either way
+    for n in range(1, 7):
+        lim.answered(n)  # answered with up to 6 at the server ...
+    for n in range(16, 6, -1):
+        lim.refused(n)  # ... refused from 7 up: it is full at 7
+    assert lim.limit == 6
+    for _ in range(7):
+        lim.answered(6)
+    assert lim.limit == 7  # about one slot back per limit's worth of answers
+    lim.refused(8)
+    assert lim.limit == 7  # refused at 8, but answered at 8 or more as often: no evidence
+
+
+def test_limit_is_a_semaphore_that_follows_its_ceiling():
+    async def scenario():
+        lim = InFlightLimit(2)
+        await lim.acquire()
+        await lim.acquire()
+        third = asyncio.create_task(lim.acquire())
+        await asyncio.sleep(0.01)
+        assert not third.done()
+        lim.set_ceiling(3)
+        await asyncio.wait_for(third, 1)
+        assert lim.in_flight == 3
+        fourth = asyncio.create_task(lim.acquire())
+        await asyncio.sleep(0)
+        fourth.cancel()  # a cancelled waiter takes no slot
+        await asyncio.gather(fourth, return_exceptions=True)
+        lim.set_ceiling(1)
+        for _ in range(3):
+            lim.release()
+        assert lim.in_flight == 0 and lim.limit == 1
+    asyncio.run(scenario())
+
+
+def test_adaptive_rule_keeps_a_short_queue():
+    def rule(ceiling, waiting, preempted=False, in_flight=None):
+        in_flight = ceiling if in_flight is None else in_flight
+        return next_ceiling(ceiling, in_flight, {"vllm:num_requests_waiting": waiting}, preempted, 4, 64)
+    assert rule(16, 0) > 16  # slots may idle: grow
+    assert rule(16, 0, in_flight=8) == 16  # the client is not using what it has
+    assert rule(16, 30) < 16  # deep queue: shrink
+    assert rule(16, 2) == 16  # short queue: keep
+    assert rule(16, 2, preempted=True) < 16  # preemption: shrink
+    assert rule(4, 50, preempted=True) == 4  # floor
+    assert rule(64, 0) == 64  # ceiling
 
 
 def test_parse_metrics_sums_label_sets_and_maps_old_names():
@@ -51,53 +165,143 @@ def test_parse_metrics_sums_label_sets_and_maps_old_names():
     assert m["vllm:num_preemptions_total"] == 7.0
 
 
-def test_backoff_gate_one_wave_of_503_closes_it_once():
-    gate = BackoffGate(1.0, 60.0)
-    gate.overloaded(sent_at=0.0, retry_after=None)
-    first_open = gate.open_at
-    for _ in range(15):  # the other requests of the same wave, sent before the gate closed
-        gate.overloaded(sent_at=0.0, retry_after=None)
-    assert gate.level == 1 and gate.open_at - first_open < 1.0
-    import time
-    gate.overloaded(sent_at=time.monotonic() + 1, retry_after=None)  # a request sent after it closed
-    assert gate.level == 2
-    gate.overloaded(sent_at=time.monotonic() + 2, retry_after=30)
-    assert gate.open_at - time.monotonic() > 29
+# ---- deadlines and the stall detector -------------------------------------------------------------------
+
+class _Ep:
+    healthy = True
 
 
-def test_limiter_moves_its_limit():
+def test_deadline_follows_the_shards_pace_between_floor_and_ceiling():
+    d = Deadlines(ceiling_s=900, floor_s=10, adaptive=True)
+    assert d.limit_s(1000) == 900  # no pace yet
+    for _ in range(MIN_ANSWERS):
+        d.answered(2.0, 1000)  # 2 ms per token
+    assert d.limit_s(1000) == 10  # 4 x 2 s < floor
+    assert d.limit_s(10_000) == pytest.approx(FACTOR * 20.0)
+    assert d.limit_s(10_000_000) == 900
+    off = Deadlines(ceiling_s=900, floor_s=5, adaptive=False)
+    for _ in range(MIN_ANSWERS):
+        off.answered(2.0, 1000)
+    assert off.limit_s(1000) == 900
+
+
+async def _hang(d: Deadlines, tokens: int, ep=None):
+    with d.attempt(tokens, ep or _Ep()):
+        await asyncio.Event().wait()
+
+
+def test_attempt_in_flight_is_cut_once_the_pace_is_known():
     async def scenario():
-        lim = Limiter(2)
-        await lim.acquire()
-        await lim.acquire()
-        third = asyncio.create_task(lim.acquire())
-        await asyncio.sleep(0.01)
-        assert not third.done()
-        await lim.set_limit(3)
-        await asyncio.wait_for(third, 1)
-        assert lim.in_flight == 3
-        await lim.set_limit(1)
-        for _ in range(3):
-            await lim.release()
-        assert lim.in_flight == 0
+        d = Deadlines(ceiling_s=900, floor_s=1, adaptive=True)
+        hung = asyncio.create_task(_hang(d, 100))
+        await asyncio.sleep(0)
+        d.check()
+        assert not hung.done()  # no pace yet: only the ceiling applies
+        for a in d._running:
+            a.started -= 10  # in flight for 10 s
+        for _ in range(MIN_ANSWERS):
+            d.answered(0.1, 100)
+        d.check()
+        with pytest.raises(Expired, match="no answer within 1 s") as info:
+            await hung
+        assert info.value.kind == "timeout" and d.in_flight == 0
     asyncio.run(scenario())
 
 
-def test_adaptive_rule_keeps_a_short_queue():
-    client = ClassifyClient.__new__(ClassifyClient)
-    client.settings = ClientSettings(model="m", questions=QUESTIONS, adaptive=True, adaptive_floor=4,
-                                     adaptive_ceiling=64)
-    client.limiter = Limiter(16)
-    client.limiter.in_flight = 16
-    assert client.next_limit(16, {"vllm:num_requests_waiting": 0}, False) > 16  # slots may idle: grow
-    assert client.next_limit(16, {"vllm:num_requests_waiting": 30}, False) < 16  # deep queue: shrink
-    assert client.next_limit(16, {"vllm:num_requests_waiting": 2}, False) == 16  # short queue: keep
-    assert client.next_limit(16, {"vllm:num_requests_waiting": 2}, True) < 16  # preemption: shrink
-    assert client.next_limit(4, {"vllm:num_requests_waiting": 50}, True) == 4  # floor
-    assert client.next_limit(64, {"vllm:num_requests_waiting": 0}, False) == 64  # ceiling
+def test_stall_cuts_every_attempt_at_the_smallest_deadline_when_nothing_is_answered():
+    async def scenario():
+        d = Deadlines(ceiling_s=900, floor_s=1, adaptive=True)
+        for _ in range(MIN_ANSWERS):
+            d.answered(0.01, 100)  # 0.1 ms per token: 100 tokens may take 1 s, 100,000 tokens 40 s
+        sick = _Ep()
+        sick.healthy = False
+        small, big, on_sick = (asyncio.create_task(_hang(d, t, ep)) for t, ep in
+                               ((100, None), (100_000, None), (100_000, sick)))
+        await asyncio.sleep(0)
+        ages = {100: 0.5, 100_000: 5.0}
+        for a in d._running:
+            a.started -= ages[a.tokens]
+        d.check()  # every attempt is within its own deadline, and the shard answered lately
+        await asyncio.sleep(0)
+        assert not any(t.done() for t in (small, big, on_sick))
+        d.last_answer -= 5  # nothing answered for 5 s, longer than the smallest one's 1 s: stalled
+        d.check()
+        await asyncio.sleep(0)
+        with pytest.raises(Expired, match="stalled"):
+            await big  # in flight for longer than the smallest deadline
+        assert not small.done()  # itself not in flight for that long yet
+        assert not on_sick.done()  # an unhealthy endpoint is the health check's business
+        for t in (small, on_sick):
+            t.cancel()
+        await asyncio.gather(small, on_sick, return_exceptions=True)
+    asyncio.run(scenario())
 
 
-# ---- against the stand-in --------------------------------------------------------------------------
+# ---- endpoint health --------------------------------------------------------------------------------------
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def _health_app(state: dict) -> web.AppRunner:
+    async def health(_):
+        return web.Response(status=200 if state["ok"] else 503)
+    app = web.Application()
+    app.router.add_get("/health", health)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", state["port"])
+    await site.start()
+    return runner
+
+
+def test_unreachable_endpoint_goes_down_within_seconds_and_comes_back():
+    async def scenario():
+        state = {"ok": True, "port": _closed_port()}
+        runner = await _health_app(state)
+        downs, lost = [], []
+        eps = Endpoints([(f"http://127.0.0.1:{state['port']}/v1", "k"), (f"http://127.0.0.1:{_closed_port()}/v1", "k")],
+                        interval_s=0.3, on_down=downs.append, on_all_down=lost.append)
+        live, dead = eps.all
+        watcher = asyncio.create_task(eps.watch())
+        t0 = time.monotonic()
+        eps.unreachable(dead, "connection refused")  # a request could not connect
+        assert dead.state == SUSPECT and {eps.pick() for _ in range(4)} == {live}
+        while dead.state != DOWN and time.monotonic() - t0 < 10:
+            await asyncio.sleep(0.05)
+        assert dead.state == DOWN and time.monotonic() - t0 < 5 and downs == [dead]
+        assert "/health failed 3 times in a row" in dead.reason and "Connect" in dead.reason
+        assert live.state == UP and not lost
+        state["ok"] = False  # the last one fails its health checks: nothing is left
+        while not lost and time.monotonic() - t0 < 15:
+            await asyncio.sleep(0.05)
+        assert lost and "HTTP 503" in lost[0]
+        with pytest.raises(NoLiveEndpoint):
+            eps.pick()
+        state["ok"] = True  # an external endpoint that answers again is used again
+        while live.state != UP and time.monotonic() - t0 < 20:
+            await asyncio.sleep(0.05)
+        assert eps.pick() is live
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+        await runner.cleanup()
+    asyncio.run(scenario())
+
+
+def test_exited_server_is_down_for_good():
+    async def scenario():
+        lost = []
+        eps = Endpoints([("http://127.0.0.1:9/v1", "k")], interval_s=10, on_down=lambda ep: None,
+                        on_all_down=lost.append)
+        eps.mark_down(0, "server exited with status 3", final=True)
+        assert lost == ["server exited with status 3"] and eps.all[0].final
+        await asyncio.wait_for(eps.watch(), 1)  # nothing left to probe
+    asyncio.run(scenario())
+
+
+# ---- against the stand-in ----------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def media(tmp_path_factory) -> Path:
@@ -113,7 +317,7 @@ def _rows(cfg: dict, media: Path, n: int) -> list[dict]:
     return manifest_rows(cfg, posts)
 
 
-def _run(cfg, tmp_path, rows, faults=(), endpoints=None):
+def _run(cfg, tmp_path, rows, faults=(), endpoints=None, settings=None):
     """Start stand-in(s) with ``faults`` and classify ``rows``; returns (records, request events, client)."""
     log = tmp_path / "requests.jsonl"
     cfg["classify"]["server_command"] = standin_command(sys.executable, log, *YES_IF, *faults)
@@ -122,7 +326,7 @@ def _run(cfg, tmp_path, rows, faults=(), endpoints=None):
         with VLLMServer(cfg, tmp_path / "server.log") as server:
             await server.wait_ready()
             eps = endpoints(server) if endpoints else [(server.base_url, server.api_key)]
-            async with ClassifyClient(eps, ClientSettings.from_config(cfg)) as client:
+            async with ClassifyClient(eps, settings or ClientSettings.from_config(cfg)) as client:
                 recs = await asyncio.gather(*(client.classify(r) for r in rows))
                 return recs, client
 
@@ -140,6 +344,15 @@ def _max_overlap(events) -> int:
         elif e["event"] in ("completed", "cancelled"):
             depth -= 1
     return best
+
+
+def test_request_body_names_the_video_as_a_file_uri():
+    client = ClassifyClient([("http://127.0.0.1:9/v1", "secret")], ClientSettings(model="m", questions=QUESTIONS))
+    body = json.loads(client._body({"media_path": "/m/a b.mp4", "prompt": "é \"q\"", "request_id": "r1"}, 64))
+    assert body["messages"][0]["content"][0]["video_url"]["url"] == "file:///m/a%20b.mp4"
+    assert body["messages"][0]["content"][1]["text"] == "é \"q\""
+    assert (body["model"], body["max_tokens"], body["temperature"]) == ("m", 64, 0.0)
+    assert body["response_format"]["json_schema"]["schema"]["required"] == [q["id"] for q in QUESTIONS]
 
 
 def test_answers_usage_and_request_id(tmp_path, media):
@@ -164,7 +377,7 @@ def test_concurrency_bound_and_deadline_excludes_slot_wait(tmp_path, media):
     assert _max_overlap(events) == 2
 
 
-def test_library_retries_are_off_and_attempts_are_bounded(tmp_path, media):
+def test_attempts_are_bounded(tmp_path, media):
     cfg = make_config(tmp_path, media, classify={"max_attempts": 3})
     rows = _rows(cfg, media, 2)
     recs, events, _ = _run(cfg, tmp_path, rows, ("--random-500", "1.0"))
@@ -181,14 +394,31 @@ def test_timeout_is_transient_and_cancels_the_request(tmp_path, media):
     rows[0]["prompt"] += "\nhangword"
     recs, events, _ = _run(cfg, tmp_path, rows, ("--hang-on", "hangword"))
     assert (recs[0]["error_kind"], recs[0]["attempts"], recs[0]["retryable"]) == ("timeout", 2, True)
+    assert "classify.request_timeout_s" in recs[0]["error"]
     assert [e["event"] for e in events].count("cancelled") == 2
 
 
-def test_wrong_model_or_key_is_fatal(tmp_path, media):
+def test_hung_requests_are_cut_at_the_adaptive_deadline_not_the_ceiling(tmp_path, media):
+    cfg = make_config(tmp_path, media, classify={"concurrency": 4, "request_timeout_s": 600,
+                                                 "deadline_floor_s": 1, "max_attempts": 6})
+    t0 = time.monotonic()
+    recs, events, _ = _run(cfg, tmp_path, _rows(cfg, media, 60), ("--hang-rate", "0.1", "--seed", "3",
+                                                                  "--latency", "0.02"))
+    assert time.monotonic() - t0 < 120  # did not wait out a 600 s ceiling
+    assert all(r["status"] == "ok" for r in recs)
+    hung = [e for e in events if e["event"] == "hanging"]
+    cancelled = [e for e in events if e["event"] == "cancelled"]
+    assert hung and len(cancelled) == len(hung)
+    assert sum(r["attempts"] for r in recs) == 60 + len(hung)
+
+
+def test_wrong_key_is_fatal_with_a_clear_message(tmp_path, media):
     cfg = make_config(tmp_path, media)
-    rows = _rows(cfg, media, 1)
-    with pytest.raises(FatalClientError, match="401"):
+    rows = _rows(cfg, media, 3)
+    with pytest.raises(FatalClientError, match="401.*Unauthorized.*the key or the endpoint is wrong"):
         _run(cfg, tmp_path, rows, endpoints=lambda s: [(s.base_url, "wrong-key")])
+    sent = [e for e in read_request_log(tmp_path / "requests.jsonl") if e.get("status") == 401]
+    assert 1 <= len(sent) <= 3  # no retries of a refused key
 
 
 def test_least_outstanding_requests_over_endpoints(tmp_path, media):
@@ -206,7 +436,7 @@ def test_least_outstanding_requests_over_endpoints(tmp_path, media):
                 eps = [(slow.base_url, slow.api_key), (fast.base_url, fast.api_key)]
                 async with ClassifyClient(eps, ClientSettings.from_config(cfg)) as client:
                     recs = await asyncio.gather(*(client.classify(r) for r in rows))
-                    return recs, [ep.sent for ep in client.endpoints]
+                    return recs, [ep.sent for ep in client.endpoints.all]
 
     cfg["classify"]["server_command"] = standin_command(sys.executable, tmp_path / "fast.jsonl", *YES_IF,
                                                         "--latency", "0.02")
@@ -216,57 +446,54 @@ def test_least_outstanding_requests_over_endpoints(tmp_path, media):
     assert slow_sent + fast_sent == 40
 
 
+def test_refused_connections_are_connection_errors_and_traffic_moves_to_the_live_endpoint(tmp_path, media):
+    cfg = make_config(tmp_path, media, classify={"concurrency": 4, "health_interval_s": 0.3})
+    dead_url = f"http://127.0.0.1:{_closed_port()}/v1"
+    recs, events, client = _run(cfg, tmp_path, _rows(cfg, media, 40), ("--latency", "0.1"),
+                                endpoints=lambda s: [(dead_url, s.api_key), (s.base_url, s.api_key)])
+    assert all(r["status"] == "ok" for r in recs)
+    dead, live = client.endpoints.all
+    assert dead.state == DOWN and live.state == UP and 1 <= dead.sent <= 4
+    assert "ConnectionRefused" in dead.reason or "Connect call failed" in dead.reason
+    retried = [r for r in recs if r["attempts"] > 1]
+    assert len(retried) == dead.sent  # each request the dead endpoint got cost one attempt, no more
+
+
+def test_scattered_503s_cost_one_back_off_each_and_leave_the_limit_alone(tmp_path, media):
+    cfg = make_config(tmp_path, media, classify={"concurrency": 8, "max_attempts": 8})
+    recs, events, client = _run(cfg, tmp_path, _rows(cfg, media, 120),
+                                ("--random-503", "0.2", "--seed", "5", "--latency", "0.05"))
+    assert all(r["status"] == "ok" for r in recs)
+    refused = [e for e in events if e["event"] == "completed" and e["status"] == 503]
+    assert len(refused) > 10
+    assert sum(r["attempts"] for r in recs) == 120 + len(refused)
+    assert client.limit.limit == 8
+
+
+def test_admission_503s_lower_the_limit_to_what_the_server_admits(tmp_path, media):
+    # 2 running + 1 waiting: the stand-in refuses the 4th request at it, as vLLM's admission control does.
+    cfg = make_config(tmp_path, media, classify={"concurrency": 12, "max_attempts": 10,
+                                                 "backoff_initial_s": 0.1, "backoff_max_s": 1})
+    recs, events, client = _run(cfg, tmp_path, _rows(cfg, media, 80),
+                                ("--slots", "2", "--max-queued", "1", "--latency", "0.05"))
+    assert all(r["status"] == "ok" for r in recs)
+    assert client.limit.limit <= 4
+    first_answer = min(e["t"] for e in events if e["event"] == "completed" and e["status"] == 200)
+    refused = [e for e in events if e["event"] == "completed" and e["status"] == 503]
+    later = [e for e in refused if e["t"] > first_answer + 0.5]
+    # Once the limit has learnt the server's size, one probe per limit's worth of answers is refused
+    # (each request retrying on its own would be refused over and over).
+    assert len(later) <= 80 // 3
+
+
 def test_adaptive_concurrency_grows_to_fill_the_server(tmp_path, media):
     cfg = make_config(tmp_path, media, classify={
         "concurrency": 2, "adaptive_concurrency": {"enabled": True, "floor": 2, "ceiling": 12}})
     settings = ClientSettings.from_config(cfg)
     settings.adaptive_interval_s = 0.1
-    log = tmp_path / "requests.jsonl"
-    cfg["classify"]["server_command"] = standin_command(sys.executable, log, *YES_IF, "--slots", "8",
-                                                        "--latency", "0.1")
-    rows = _rows(cfg, media, 150)
-
-    async def scenario():
-        with VLLMServer(cfg, tmp_path / "server.log") as server:
-            await server.wait_ready()
-            async with ClassifyClient([(server.base_url, server.api_key)], settings) as client:
-                recs = await asyncio.gather(*(client.classify(r) for r in rows))
-                return recs, [lim for _, lim in client.limit_history]
-
-    recs, limits = asyncio.run(scenario())
+    recs, _, client = _run(cfg, tmp_path, _rows(cfg, media, 150), ("--slots", "8", "--latency", "0.1"),
+                           settings=settings)
+    limits = [lim for _, lim in client.limit_history]
     assert all(r["status"] == "ok" for r in recs)
     assert max(limits) >= 8  # grew from the floor until the 8 slots were busy
     assert max(limits) <= 12
-
-
-def test_chat_request_from_template_equals_the_librarys_own():
-    """_AsyncOpenAI builds chat requests after the first from a template: same URL, headers, body."""
-    import json
-
-    import openai
-    from openai._models import FinalRequestOptions
-
-    from vidlabel.client import CHAT_PATH, _AsyncOpenAI, _make_openai
-
-    client = _make_openai("http://127.0.0.1:9/v1", "secret", 4)
-    settings = ClientSettings(model="m", questions=QUESTIONS)
-    classify_client = ClassifyClient([("http://127.0.0.1:9/v1", "secret")], settings)
-
-    def options(rid: str, body: bytes) -> FinalRequestOptions:
-        return FinalRequestOptions.construct(method="post", url=CHAT_PATH, content=body, headers={
-            "X-Request-Id": rid, "X-Stainless-Retry-Count": openai.Omit()})
-
-    first = client._build_request(options("r0", b"{}"))
-    assert client._chat_template is not None
-    body = classify_client._body({"media_path": "/m/a b.mp4", "prompt": "é \"q\"", "request_id": "r1"}, 64)
-    assert json.loads(body)["messages"][0]["content"][0]["video_url"]["url"] == "file:///m/a%20b.mp4"
-    fast = client._build_request(options("r1", body))
-    library = openai.AsyncOpenAI._build_request(client, options("r1", body))
-    assert isinstance(client, _AsyncOpenAI) and fast is not first
-    assert (fast.method, fast.url, fast.content, fast.extensions) == \
-        (library.method, library.url, library.content, library.extensions)
-    assert sorted(fast.headers.raw) == sorted(library.headers.raw)
-    assert fast.headers["x-request-id"] == "r1" and fast.headers["authorization"] == "Bearer secret"
-    assert not any(k.lower().startswith(b"x-stainless") for k, _ in fast.headers.raw)
-    client.api_key = "other"  # a changed key is not served from the old template
-    assert client._build_request(options("r2", body)).headers["authorization"] == "Bearer other"

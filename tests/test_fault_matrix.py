@@ -3,6 +3,8 @@ final labels, and from the stand-in's request log that nothing that finished was
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
 import os
 import re
@@ -12,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -20,9 +23,10 @@ import pytest
 from standin import read_request_log
 from standin.shards import expected_answers, make_config, make_video, manifest_rows, write_manifest
 from vidlabel.classify import ShardIncomplete, ShardLocked, run_shard
+from vidlabel.error_kinds import FatalClientError
 from vidlabel.journal import iter_records, read_latest
 from vidlabel.planning import allowed_media_path
-from vidlabel.server import ServerError
+from vidlabel.server import ServerError, VLLMServer
 
 JOB_SCRIPT = Path(__file__).resolve().parent / "standin" / "job.py"
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -186,6 +190,19 @@ def test_random_500s_are_retried(make_shard, caplog):
     shard.check_journal_and_resends()
 
 
+def test_progress_line_says_stalled_rather_than_an_eta_while_nothing_finishes():
+    from vidlabel.classify import _Progress
+
+    progress = _Progress(total=10, already=2, shard=3, interval_s=10)
+    progress.in_flight = lambda: 4
+    progress.finished({"status": "ok", "prompt_tokens": 500, "completion_tokens": 9})
+    assert re.search(r"3/10 done .* ETA [\d.]+ min$", progress.line())
+    progress.last_finish -= 30
+    assert progress.line().endswith("stalled for 30 s (4 in flight, none finished)")
+    progress.in_flight = lambda: 0  # nothing in flight: waiting for nothing is not a stall
+    assert "ETA" in progress.line()
+
+
 def test_connection_reset_mid_response_is_retried(make_shard):
     shard = make_shard(8, {1: {"caption": "buy resetword"}, 4: {"caption": "resetword"}})
     shard.run(shard.config("--reset-on", "resetword:1"))
@@ -244,7 +261,7 @@ def test_invalid_json_keeps_raw_text(make_shard):
     shard.check_journal_and_resends()
 
 
-def test_truncated_output_gets_one_retry_with_more_tokens(make_shard):
+def test_truncated_output_gets_one_retry_at_twice_the_tokens(make_shard):
     shard = make_shard(6, {1: {"caption": "longword"}, 4: {"caption": "rambleword"}})
     shard.run(shard.config("--verbose-on", "longword=100", "--verbose-on", "rambleword=100000", max_tokens=64))
     labels = shard.check_complete_labels()
@@ -252,7 +269,9 @@ def test_truncated_output_gets_one_retry_with_more_tokens(make_shard):
     row = labels["post004"]
     assert (row["status"], row["error_kind"], row["attempts"], row["finish_reason"]) == \
         ("error", "truncated", 2, "length")
-    assert row["raw_text"] and row["completion_tokens"] == 64 * 4
+    assert row["raw_text"] and row["completion_tokens"] == 64 * 2  # the one retry, at 2x max_tokens
+    sent = [e for e in shard.events() if e["request_id"] == shard.rid("post004") and e["event"] == "completed"]
+    assert [e["completion_tokens"] for e in sent] == [64, 128]  # what a runaway answer cost in all
     shard.check_journal_and_resends()
 
 
@@ -313,13 +332,131 @@ def test_server_crash_stops_the_job_and_the_rerun_completes(make_shard):
     shard.check_journal_and_resends()
 
 
-def test_health_failing_stops_the_job(make_shard):
+def test_health_failing_stops_the_job(make_shard, caplog):
     shard = make_shard(60)
-    with pytest.raises(ServerError, match="/health failed"):
-        shard.run(shard.config("--unhealthy-after", "4", "--latency", "0.2", health_interval_s=0.2))
+    with caplog.at_level("ERROR", logger="asyncio"):
+        with pytest.raises(ServerError, match="/health failed"):
+            shard.run(shard.config("--unhealthy-after", "4", "--latency", "0.2", health_interval_s=0.2))
+        gc.collect()
     assert not shard.labels.exists()
     _assert_process_gone(shard.server_log)
     assert len(read_latest(shard.journal, "request_id")) < 60
+    # The requests cut off in flight leave no "_GatheringFuture exception was never retrieved".
+    assert "never retrieved" not in caplog.text
+
+
+def test_dead_server_copy_moves_its_traffic_to_the_live_copy(make_shard):
+    shard = make_shard(40)
+    job = shard.start_job(shard.config("--latency", "0.1", parallelism={"tensor": 1, "data": 2}, concurrency=2))
+    copy1 = shard.server_log.with_name("server-0.copy-1.log")
+    _wait_for(lambda: _journal_count(shard.journal) >= 6, 60, "6 finished requests")
+    pid = int(copy1.read_text().split("stand-in: starting (pid ")[1].split(")")[0])
+    os.kill(pid, signal.SIGKILL)
+    killed_at = time.time()
+    assert job.wait(timeout=120) == 0
+    assert "copy 1: server exited" in (shard.tmp / "job.log").read_text()
+    labels = shard.check_complete_labels()
+    assert all(r["status"] == "ok" for r in labels.values())
+    shard.check_journal_and_resends()
+    late = {e["pid"] for e in shard.events() if e["event"] == "received" and e["t"] > killed_at + 0.5}
+    assert late and pid not in late  # the live copy took the rest
+
+
+# ---- external endpoints: a dead one is noticed within seconds ---------------------------------------
+
+def _endpoint(shard: Shard, cfg: dict, name: str, key: str) -> VLLMServer:
+    """A running server for endpoints mode (the stand-in of ``cfg``'s server command)."""
+    server = VLLMServer(cfg, shard.tmp / f"{name}.log", api_key=key).start()
+    asyncio.run(server.wait_ready())
+    return server
+
+
+def _use_endpoints(cfg: dict, monkeypatch, key: str, *servers: VLLMServer) -> dict:
+    monkeypatch.setenv("MY_VLLM_KEY", key)
+    cfg["classify"].update(endpoints=[s.base_url for s in servers], api_key_env="MY_VLLM_KEY",
+                           server_command="false never started {port}")
+    return cfg
+
+
+def test_crashed_endpoint_moves_its_traffic_to_the_live_one(make_shard, monkeypatch):
+    shard = make_shard(40)
+    # The arrivals count the two smoke requests: the crash comes with the 7th request of the job.
+    crashing = _endpoint(shard, shard.config("--crash-after", "8", "--latency", "0.1"), "a", "k")
+    live = _endpoint(shard, shard.config("--latency", "0.1"), "b", "k")
+    try:
+        # The health checks' period is long: a refused request, not the period, gets the dead one checked.
+        cfg = _use_endpoints(shard.config(request_timeout_s=600, health_interval_s=60), monkeypatch, "k",
+                             crashing, live)
+        t0 = time.monotonic()
+        shard.run(cfg)
+        elapsed = time.monotonic() - t0
+    finally:
+        crashing.stop()
+        live.stop()
+    labels = shard.check_complete_labels()
+    assert all(r["status"] == "ok" for r in labels.values())
+    assert elapsed < 30  # not a request timeout per request
+    shard.check_journal_and_resends()
+    assert [e for e in read_request_log(shard.request_log) if e["event"] == "crash"]
+
+
+def test_lone_endpoint_crash_stops_the_job_quickly_and_the_rerun_completes(make_shard, monkeypatch):
+    shard = make_shard(40)
+    crashing = _endpoint(shard, shard.config("--crash-after", "8", "--latency", "0.1"), "a", "k")
+    try:
+        cfg = _use_endpoints(shard.config(request_timeout_s=600, health_interval_s=60, max_attempts=50),
+                             monkeypatch, "k", crashing)
+        t0 = time.monotonic()
+        with pytest.raises(ServerError, match=rf"{crashing.base_url}: /health failed 3 times"):
+            shard.run(cfg)
+        assert time.monotonic() - t0 < 30
+    finally:
+        crashing.stop()
+    first = read_latest(shard.journal, "request_id")
+    assert 1 <= len(first) < 40 and all(r["status"] == "ok" for r in first.values())  # journal flushed
+    live = _endpoint(shard, shard.config(), "b", "k")
+    try:
+        shard.run(_use_endpoints(shard.config(), monkeypatch, "k", live))
+    finally:
+        live.stop()
+    shard.check_complete_labels()
+    shard.check_journal_and_resends()
+
+
+def test_wrong_api_key_stops_the_job_at_once_with_a_clear_message(make_shard, monkeypatch):
+    shard = make_shard(6)
+    external = _endpoint(shard, shard.config(), "a", "the-key")
+    try:
+        cfg = _use_endpoints(shard.config(), monkeypatch, "not-the-key", external)
+        with pytest.raises(FatalClientError, match=r"refused the API key \(HTTP 401: Unauthorized\): the key or "
+                                                   r"the endpoint is wrong.*classify.api_key_env"):
+            shard.run(cfg)
+    finally:
+        external.stop()
+    assert _journal_count(shard.journal) == 0 and not shard.labels.exists()
+    assert shard.events() == []  # no request was sent, let alone retried
+
+
+# ---- the acceptance fault run (issue 11) --------------------------------------------------------------
+
+def test_fault_run_labels_every_post_after_one_rerun_without_duplicate_answers(make_shard):
+    shard = make_shard(60)
+    faults = ("--hang-rate", "0.05", "--random-500", "0.1", "--random-503", "0.2", "--seed", "11",
+              "--latency", "0.05")
+    settings = dict(request_timeout_s=600, deadline_floor_s=2, max_attempts=10)
+    t0 = time.monotonic()
+    with pytest.raises(ServerError, match="server exited"):
+        shard.run(shard.config(*faults, "--crash-after", "50", **settings))
+    shard.run(shard.config(*faults, **settings))  # the one rerun
+    assert time.monotonic() - t0 < 120  # no hung request waited out the 600 s ceiling
+    labels = shard.check_complete_labels()
+    assert all(r["status"] == "ok" for r in labels.values())
+    shard.check_journal_and_resends()
+    events = shard.events()
+    assert [e for e in events if e["event"] == "hanging"] and [e for e in events if e["event"] == "crash"]
+    answers = Counter(e["request_id"] for e in events if e["event"] == "completed" and e["status"] == 200)
+    assert sorted(answers) == sorted(r["request_id"] for r in shard.rows)
+    assert set(answers.values()) == {1}  # no post was answered twice
 
 
 def test_server_never_healthy_fails_with_the_log_tail(make_shard):

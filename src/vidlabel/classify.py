@@ -8,9 +8,11 @@ next run, with a fresh attempt budget; once its attempts over all runs reach
 ``RERUN_ATTEMPT_FACTOR * max_attempts`` the record becomes terminal, so a request that always fails
 ends as a clear record instead of failing the job forever.
 
-The job fails (raises) when the server dies (watchdog), on SIGTERM/SIGINT (after a grace period for
-the requests in flight), on a fatal client error (bad key, unknown model) and when some request is
-still waiting for a retry; everything finished so far is in the journal, so the rerun continues.
+The job fails (raises) when no server is left (every own server copy exited, or every endpoint failed
+its health checks: ``vidlabel.endpoints``; while one is left, traffic moves to it), on SIGTERM/SIGINT
+(after a grace period for the requests in flight), on a fatal client error (bad key, unknown model)
+and when some request is still waiting for a retry; everything finished so far is in the journal, so
+the rerun continues.
 """
 
 from __future__ import annotations
@@ -22,22 +24,26 @@ import logging
 import os
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vidlabel.client import ClassifyClient, ClientSettings, FatalClientError, Stats, Stopped, run
+from vidlabel.client import ClassifyClient, ClientSettings, Stopped, run
+from vidlabel.endpoints import NoLiveEndpoint
+from vidlabel.error_kinds import FatalClientError
 from vidlabel.io import write_parquet
 from vidlabel.journal import Journal, JournalLocked
 from vidlabel.parallelism import choose_layout
-from vidlabel.server import ServerError, ServerGroup, server_copies, smoke_request
+from vidlabel.server import ServerBusy, ServerError, ServerGroup, log_tail, server_copies, smoke_request
 
 log = logging.getLogger(__name__)
 
 RERUN_ATTEMPT_FACTOR = 2
+SMOKE_TRIES = 5  # an external endpoint's smoke request is asked again this often after a 5xx
 
 MANIFEST_COLUMNS = ["request_id", "post_id", "media_path", "prompt", "est_prompt_tokens"]
 
@@ -100,24 +106,54 @@ def labels_table(records: list[dict[str, Any]], shard: int) -> pa.Table:
     return pa.table(cols, schema=LABEL_SCHEMA)
 
 
+@dataclass
+class Stats:
+    """This run's finished requests, for the progress line."""
+    done: int = 0
+    ok: int = 0
+    error: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def add(self, rec: dict) -> None:
+        self.done += 1
+        if rec["status"] == "ok":
+            self.ok += 1
+        else:
+            self.error += 1
+        self.prompt_tokens += rec.get("prompt_tokens") or 0
+        self.completion_tokens += rec.get("completion_tokens") or 0
+
+
 class _Progress:
-    def __init__(self, total: int, already: int, shard: int):
+    def __init__(self, total: int, already: int, shard: int, interval_s: float):
         self.total = total
         self.already = already
         self.shard = shard
+        self.interval_s = interval_s
         self.stats = Stats()
-        self.t0 = time.monotonic()
+        self.t0 = self.last_finish = time.monotonic()
+        self.in_flight: Callable[[], int] = lambda: 0
+
+    def finished(self, rec: dict) -> None:
+        self.stats.add(rec)
+        self.last_finish = time.monotonic()
 
     def line(self) -> str:
         s = self.stats
-        elapsed = max(1e-9, time.monotonic() - self.t0)
+        now = time.monotonic()
+        elapsed = max(1e-9, now - self.t0)
         rate = s.done / elapsed
         done = self.already + s.done
-        left = self.total - done
-        eta = f"{left / rate / 60:.1f} min" if rate > 0 else "?"
+        quiet = now - self.last_finish
+        if self.in_flight() and quiet >= self.interval_s:
+            # An ETA from the average rate would keep counting down while nothing finishes.
+            eta = f"stalled for {quiet:.0f} s ({self.in_flight()} in flight, none finished)"
+        else:
+            eta = "ETA " + (f"{(self.total - done) / rate / 60:.1f} min" if rate > 0 else "?")
         return (f"shard {self.shard}: {done}/{self.total} done ({s.ok} ok, {s.error} error this run), "
                 f"{rate:.2f} req/s, {s.prompt_tokens / elapsed:.0f} input tok/s, "
-                f"{s.completion_tokens / elapsed:.1f} output tok/s, ETA {eta}")
+                f"{s.completion_tokens / elapsed:.1f} output tok/s, {eta}")
 
 
 def run_shard(config: dict, shard_path: str | Path, output_path: str | Path, journal_path: str | Path,
@@ -155,16 +191,31 @@ def run_shard(config: dict, shard_path: str | Path, output_path: str | Path, jou
     log.info("shard %d: wrote %s (%d rows)", shard, output_path, len(rows))
 
 
-async def _external_endpoints(config: dict) -> list[tuple[str, str]]:
+async def _external_endpoints(config: dict) -> tuple[list[tuple[str, str]], dict[int, str]]:
+    """The endpoints and, by index, why those that failed their smoke request are down (ServerError
+    when all did; FatalClientError when one refused the key)."""
     c = config["classify"]
     key = os.environ.get(c["api_key_env"], "")
     if not key:
         log.warning("environment variable %s is empty: sending requests without an API key", c["api_key_env"])
     endpoints = [(url.rstrip("/"), key or "none") for url in c["endpoints"]]
+    down: dict[int, str] = {}
     async with httpx.AsyncClient(timeout=60.0) as http:
-        for url, k in endpoints:
-            await smoke_request(http, url, {"Authorization": f"Bearer {k}"}, c["model"])
-    return endpoints
+        for i, (url, k) in enumerate(endpoints):
+            for attempt in range(1, SMOKE_TRIES + 1):
+                try:
+                    await smoke_request(http, url, {"Authorization": f"Bearer {k}"}, c["model"])
+                    break
+                except ServerError as exc:
+                    if isinstance(exc, ServerBusy) and attempt < SMOKE_TRIES:  # a 5xx: ask again
+                        await asyncio.sleep(1.0)
+                        continue
+                    log.error("endpoint %s is down at the start: %s", url, exc)
+                    down[i] = str(exc)
+                    break
+    if len(down) == len(endpoints):
+        raise ServerError("no endpoint answered: " + "; ".join(down.values()))
+    return endpoints, down
 
 
 async def _classify(config: dict, pending: list[dict], journal: Journal, prior: dict, server_log_path,
@@ -184,7 +235,9 @@ async def _classify(config: dict, pending: list[dict], journal: Journal, prior: 
         stop_sending.set()
 
     def on_server_failure(message: str) -> None:
-        log.error("shard %d: server failed: %s", shard, message)
+        if server is not None and "last lines of" not in message:  # not a process exit: show its logs
+            message += "".join(f"; last lines of {s.log_path}:\n{log_tail(s.log_path)}" for s in server.servers)
+        log.error("shard %d: no server left: %s", shard, message)
         why.setdefault("reason", "server")
         why.setdefault("message", message)
         stop_sending.set()
@@ -198,9 +251,10 @@ async def _classify(config: dict, pending: list[dict], journal: Journal, prior: 
 
     server = None
     watchdog = None
+    down: dict[int, str] = {}
     try:
         if c["endpoints"]:
-            endpoints = await _external_endpoints(config)
+            endpoints, down = await _external_endpoints(config)
         else:
             largest = max(int(r["est_prompt_tokens"] or 0) for r in pending) + c["max_tokens"]
             layout = choose_layout(config, largest)
@@ -219,12 +273,18 @@ async def _classify(config: dict, pending: list[dict], journal: Journal, prior: 
                                      "nothing was sent")
             ready.result()  # raises ServerError
             endpoints = server.endpoints
-            watchdog = asyncio.create_task(server.watchdog(on_server_failure))
 
-        progress = _Progress(total, total - len(pending), shard)
-        async with ClassifyClient(endpoints, settings, stop_event=abort) as client:
+        progress = _Progress(total, total - len(pending), shard, c["progress_interval_s"])
+        async with ClassifyClient(endpoints, settings, stop_event=abort, on_failure=on_server_failure) as client:
+            for index, reason in down.items():
+                client.endpoints.mark_down(index, reason)
+            if server is not None:
+                # A copy whose process exits is down for good; its traffic moves to the others.
+                watchdog = asyncio.create_task(server.watchdog(
+                    lambda index, message: client.endpoints.mark_down(index, message, final=True)))
+            progress.in_flight = lambda: client.deadlines.in_flight
             await _stream(client, pending, journal, prior, settings, progress, stop_sending, abort,
-                          why, c["shutdown_grace_s"], c["progress_interval_s"])
+                          why, c["shutdown_grace_s"])
         log.info(progress.line())
     finally:
         if watchdog is not None:
@@ -247,7 +307,7 @@ async def _classify(config: dict, pending: list[dict], journal: Journal, prior: 
 
 async def _stream(client: ClassifyClient, pending: list[dict], journal: Journal, prior: dict,
                   settings: ClientSettings, progress: _Progress, stop_sending: asyncio.Event,
-                  abort: asyncio.Event, why: dict, grace_s: float, progress_interval_s: float) -> None:
+                  abort: asyncio.Event, why: dict, grace_s: float) -> None:
     rows = iter(pending)
     rerun_limit = RERUN_ATTEMPT_FACTOR * settings.max_attempts
 
@@ -259,7 +319,7 @@ async def _stream(client: ClassifyClient, pending: list[dict], journal: Journal,
             rec["retryable"] = False
             rec["error"] = f"{rec['error']}; {rec['attempts']} attempts over several runs, giving up"
         journal.append(rec)
-        progress.stats.add(rec)
+        progress.finished(rec)
 
     async def worker() -> None:
         while not stop_sending.is_set():
@@ -268,7 +328,7 @@ async def _stream(client: ClassifyClient, pending: list[dict], journal: Journal,
                 return
             try:
                 rec = await client.classify(row)
-            except Stopped:
+            except (Stopped, NoLiveEndpoint):  # the reason is in `why` already
                 return
             except FatalClientError as exc:
                 why.setdefault("reason", "fatal")
@@ -280,13 +340,15 @@ async def _stream(client: ClassifyClient, pending: list[dict], journal: Journal,
 
     async def report() -> None:
         while True:
-            await asyncio.sleep(progress_interval_s)
+            await asyncio.sleep(progress.interval_s)
             log.info(progress.line())
 
     n_workers = max(settings.concurrency, settings.adaptive_ceiling if settings.adaptive else 0)
     workers = [asyncio.create_task(worker()) for _ in range(min(n_workers, len(pending)))]
     reporter = asyncio.create_task(report())
-    all_done = asyncio.gather(*workers)
+    # asyncio.wait, not gather: a gather future whose workers get cancelled holds a CancelledError
+    # that nobody retrieves, and asyncio prints it as a traceback when the server dies mid-shard.
+    all_done = asyncio.create_task(asyncio.wait(workers))
     stopper = asyncio.create_task(stop_sending.wait())
     try:
         await asyncio.wait({all_done, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -300,10 +362,10 @@ async def _stream(client: ClassifyClient, pending: list[dict], journal: Journal,
             abort.set()
             for w in workers:
                 w.cancel()
-        await asyncio.gather(*workers, return_exceptions=True)
     finally:
-        stopper.cancel()
-        reporter.cancel()
-        for w in workers:
-            w.cancel()
-        await asyncio.gather(stopper, reporter, *workers, return_exceptions=True)
+        for task in (stopper, reporter, all_done, *workers):
+            task.cancel()
+        await asyncio.gather(stopper, reporter, all_done, *workers, return_exceptions=True)
+    for w in workers:  # a worker's own failure (a bug) must not pass silently
+        if not w.cancelled() and w.exception() is not None:
+            raise w.exception()

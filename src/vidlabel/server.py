@@ -5,6 +5,8 @@ this job knows (given to the server in its environment, as ``VLLM_API_KEY``: arg
 to every user of the node in the process list). The server runs in its own process group so that
 teardown reaches the workers it forks; teardown (SIGTERM, then SIGKILL after a grace period) runs on
 every exit path: the context manager, ``atexit``, and the parent's death (PR_SET_PDEATHSIG on Linux).
+The watchdog watches the process; whether a running server answers is the client's health check
+(``vidlabel.endpoints``), the same for own servers and external endpoints.
 """
 
 from __future__ import annotations
@@ -29,13 +31,14 @@ from typing import Callable
 
 import httpx
 
+from vidlabel.error_kinds import fatal_error, response_message
 from vidlabel.parallelism import Layout, choose_layout, granted_gpus
 from vidlabel.planning import allowed_media_path
 
 log = logging.getLogger(__name__)
 
-HEALTH_FAILURES_BEFORE_DEAD = 3
 LOG_TAIL_LINES = 40
+WATCHDOG_POLL_S = 0.2
 PORT_RETRIES = 3
 _ADDRESS_IN_USE = re.compile(r"address already in use|errno 98", re.IGNORECASE)
 
@@ -219,7 +222,6 @@ class VLLMServer:
         self.model = cls["model"]
         self.startup_timeout_s = float(cls["startup_timeout_s"])
         self.grace_s = float(cls["shutdown_grace_s"])
-        self.health_interval_s = float(cls["health_interval_s"])
         self.extra_env = dict(env or {})
         self.proc: subprocess.Popen | None = None
         self.failure: str | None = None
@@ -337,28 +339,11 @@ class VLLMServer:
         await smoke_request(http, self.base_url, headers, self.model, self.log_path)
 
     async def watchdog(self, on_failure: Callable[[str], None]) -> None:
-        """Run until cancelled; on process exit or repeated /health failure call ``on_failure(reason)``."""
-        failures = 0
-        next_health = time.monotonic() + self.health_interval_s
-        async with httpx.AsyncClient(timeout=max(5.0, self.health_interval_s)) as http:
-            while True:
-                if self.proc.poll() is not None:
-                    self.failure = self._exited_message()
-                    on_failure(self.failure)
-                    return
-                if time.monotonic() >= next_health:
-                    try:
-                        ok = (await http.get(f"{self.root_url}/health")).status_code == 200
-                    except httpx.HTTPError:
-                        ok = False
-                    failures = 0 if ok else failures + 1
-                    if failures >= HEALTH_FAILURES_BEFORE_DEAD:
-                        self.failure = (f"server /health failed {failures} times in a row; last lines of "
-                                        f"{self.log_path}:\n{log_tail(self.log_path)}")
-                        on_failure(self.failure)
-                        return
-                    next_health = time.monotonic() + self.health_interval_s
-                await asyncio.sleep(min(0.2, self.health_interval_s))
+        """Run until cancelled; when the process exits call ``on_failure(reason)``."""
+        while self.proc.poll() is None:
+            await asyncio.sleep(WATCHDOG_POLL_S)
+        self.failure = self._exited_message()
+        on_failure(self.failure)
 
 
 class ServerGroup:
@@ -403,17 +388,19 @@ class ServerGroup:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def watchdog(self, on_failure: Callable[[str], None]) -> None:
-        """Until cancelled; the first copy that dies calls ``on_failure`` with which copy it was."""
+    async def watchdog(self, on_failure: Callable[[int, str], None]) -> None:
+        """Until cancelled; every copy that dies calls ``on_failure(index, reason)``, the reason naming
+        the copy when there are several."""
         def failed(index: int) -> Callable[[str], None]:
-            return lambda message: on_failure(message if len(self.servers) == 1 else f"copy {index}: {message}")
+            return lambda message: on_failure(index, message if len(self.servers) == 1 else f"copy {index}: {message}")
 
         await asyncio.gather(*(s.watchdog(failed(i)) for i, s in enumerate(self.servers)))
 
 
 async def smoke_request(http: httpx.AsyncClient, base_url: str, headers: dict, model: str,
                         log_path: str | Path | None = None) -> None:
-    """One text-only, one-token chat completion: proves the model is loaded and the key works."""
+    """One text-only, one-token chat completion: proves the model is loaded and the key works (a
+    refused key raises FatalClientError, which says so)."""
     body = {"model": model, "messages": [{"role": "user", "content": "Reply with yes."}],
             "max_tokens": 1, "temperature": 0}
     try:
@@ -421,6 +408,8 @@ async def smoke_request(http: httpx.AsyncClient, base_url: str, headers: dict, m
                                headers={**headers, "X-Request-Id": f"smoke-{secrets.token_hex(4)}"})
     except httpx.HTTPError as exc:
         raise ServerError(f"smoke request to {base_url} failed: {exc!r}") from None
+    if resp.status_code in (401, 403):
+        raise fatal_error(base_url, resp.status_code, response_message(resp.content))
     if resp.status_code >= 500:
         raise ServerBusy(f"smoke request to {base_url} answered {resp.status_code}: {resp.text[:200]}")
     if resp.status_code != 200:

@@ -32,9 +32,10 @@ Every request event is appended to ``--request-log`` (JSON lines, flushed): ``re
 ``completed`` (with the HTTP status), ``cancelled`` (the client went away), with the request id from
 the ``X-Request-Id`` header and the time.
 
-Faults (for the fault-matrix tests): ``--storm-503 START:COUNT``, ``--random-500 P``,
+Faults (for the fault-matrix tests): ``--storm-503 START:COUNT``, ``--random-503 P``, ``--random-500 P``,
 ``--reset-on WORD[:TIMES]``, ``--reset-rate P``, ``--crash-after N``, ``--never-healthy``,
-``--hang-on WORD[:TIMES]``, ``--invalid-json-on WORD``, ``--verbose-on WORD=TOKENS``, ``--slow-start S``.
+``--hang-on WORD[:TIMES]``, ``--hang-rate P``, ``--invalid-json-on WORD``, ``--verbose-on WORD=TOKENS``,
+``--slow-start S``.
 """
 
 from __future__ import annotations
@@ -93,6 +94,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--storm-503", default=None, metavar="START:COUNT",
                    help="chat requests number START+1 .. START+COUNT answer 503")
     p.add_argument("--retry-after", type=float, default=None, help="Retry-After header on 503s")
+    p.add_argument("--random-503", type=float, default=0.0, metavar="P",
+                   help="this share of chat requests answer 503 at once, whatever the load (a proxy's)")
     p.add_argument("--random-500", type=float, default=0.0, metavar="P", help="of requests with a video")
     p.add_argument("--reset-on", action="append", default=[], metavar="WORD[:TIMES]",
                    help="reset the connection mid-response for prompts containing WORD")
@@ -104,6 +107,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="/health answers 503 once N chat requests completed (engine dead, HTTP alive)")
     p.add_argument("--hang-on", action="append", default=[], metavar="WORD[:TIMES]",
                    help="never answer prompts containing WORD (until the client goes away)")
+    p.add_argument("--hang-rate", type=float, default=0.0, metavar="P",
+                   help="of requests with a video: never answered (until the client goes away)")
     p.add_argument("--invalid-json-on", action="append", default=[], metavar="WORD")
     p.add_argument("--verbose-on", action="append", default=[], metavar="WORD=TOKENS",
                    help="the answer to prompts containing WORD needs TOKENS output tokens")
@@ -346,6 +351,8 @@ class StandIn:
             headers = {"Retry-After": f"{args.retry_after:g}"} if args.retry_after is not None else None
             return self._error(rid, 503, "The engine is currently busy and cannot accept new requests.",
                                "ServiceUnavailableError", headers=headers)
+        if args.random_503 and self.rng.random() < args.random_503:
+            return self._error(rid, 503, "Service Unavailable (injected)", "ServiceUnavailableError")
         if self.engine.full():
             return self._error(rid, 503, "The engine is currently busy and cannot accept new requests.",
                                "ServiceUnavailableError")
@@ -440,7 +447,8 @@ class StandIn:
                 service += prompt_tokens / args.prefill_tokens_per_s
             if args.decode_tokens_per_s:
                 service += completion_tokens / args.decode_tokens_per_s
-            if self._match(self.hang_on, prompt_lower, attempt):
+            if self._match(self.hang_on, prompt_lower, attempt) or (
+                    video_path is not None and args.hang_rate and self.rng.random() < args.hang_rate):
                 self.log.write("hanging", rid)
                 await asyncio.Event().wait()  # until the client disconnects (handler cancelled)
             if service > 0:

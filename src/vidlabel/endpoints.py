@@ -1,0 +1,174 @@
+"""The servers a job sends to and their health: which one gets the next request, which are down.
+
+One mechanism for the job's own servers (one per model copy) and for external ``classify.endpoints``:
+
+- every endpoint's ``/health`` is probed every ``classify.health_interval_s`` (``GET /models`` with
+  the key where a server has no ``/health``);
+- a failed probe, or a request that could not connect, makes it *suspect*: it gets no new request
+  while a healthy endpoint is left, and is probed again every SUSPECT_PROBE_S;
+- FAILURES_BEFORE_DOWN failed probes in a row mark it *down*, and so does its process exiting (the
+  own server's watchdog, at once). Its requests in flight are cut and retried on the others. A down
+  external endpoint is still probed and comes back when it answers; an exited server does not;
+- when no endpoint is left, ``on_all_down`` stops the job (the journal keeps what finished).
+
+A dead endpoint is thus noticed within about 2 x SUSPECT_PROBE_S of the first refused connection.
+Requests go to the healthy endpoint with the fewest outstanding requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Callable
+
+import aiohttp
+from yarl import URL
+
+log = logging.getLogger(__name__)
+
+FAILURES_BEFORE_DOWN = 3
+SUSPECT_PROBE_S = 1.0
+PROBE_TIMEOUT_S = 5.0
+UP, SUSPECT, DOWN = "up", "suspect", "down"
+
+
+class NoLiveEndpoint(RuntimeError):
+    """Every endpoint is down."""
+
+
+def describe(exc: BaseException) -> str:
+    """A connection error in words, with its cause (a refused connection is not a timeout)."""
+    cause = getattr(exc, "os_error", None) or exc.__cause__
+    text = f"{type(exc).__name__}: {exc}".rstrip(": ")
+    if cause is not None and str(cause) not in text:
+        text += f" ({type(cause).__name__}: {cause})"
+    return text
+
+
+class Endpoint:
+    def __init__(self, index: int, base_url: str, api_key: str):
+        self.index = index
+        self.base_url = base_url.rstrip("/")
+        root = self.base_url[: -len("/v1")] if self.base_url.endswith("/v1") else self.base_url
+        self.chat_url = URL(self.base_url + "/chat/completions")
+        self.metrics_url = root + "/metrics"
+        self.probe_url = root + "/health"
+        self.headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
+        self.outstanding = 0
+        self.sent = 0
+        self.state = UP
+        self.failures = 0
+        self.reason = ""
+        self.final = False  # its server process is gone: never probed again
+        self.next_probe = 0.0
+
+    @property
+    def healthy(self) -> bool:
+        return self.state == UP
+
+
+class Endpoints:
+    """The endpoints of one client; ``watch()`` probes them until cancelled."""
+
+    def __init__(self, endpoints: list[tuple[str, str]], interval_s: float,
+                 on_down: Callable[[Endpoint], None], on_all_down: Callable[[str], None]):
+        if not endpoints:
+            raise ValueError("at least one endpoint is needed")
+        self.all = [Endpoint(i, url, key) for i, (url, key) in enumerate(endpoints)]
+        self.interval_s = interval_s
+        self.on_down = on_down
+        self.on_all_down = on_all_down
+        self.lost = False
+        self._rr = 0
+        self._wake = asyncio.Event()
+        for ep in self.all:
+            ep.next_probe = time.monotonic() + interval_s
+
+    def pick(self) -> Endpoint:
+        """The healthy endpoint with the fewest outstanding requests (a suspect one if none is healthy)."""
+        if len(self.all) == 1 and self.all[0].state != DOWN:
+            return self.all[0]
+        live = [ep for ep in self.all if ep.state == UP] or [ep for ep in self.all if ep.state == SUSPECT]
+        if not live:
+            raise NoLiveEndpoint(self.summary())
+        low = min(ep.outstanding for ep in live)
+        ties = [ep for ep in live if ep.outstanding == low]
+        self._rr += 1
+        return ties[self._rr % len(ties)]
+
+    def summary(self) -> str:
+        return "; ".join(ep.reason for ep in self.all if ep.state == DOWN) or "no endpoint is down"
+
+    def unreachable(self, ep: Endpoint, detail: str) -> None:
+        """A request could not connect to ``ep``: suspect it and probe it now (once: the requests
+        refused together are one piece of evidence, the probes count the failures)."""
+        if ep.state == UP:
+            log.warning("%s: a request could not connect (%s); checking its health", ep.base_url, detail)
+            ep.state = SUSPECT
+            ep.next_probe = time.monotonic()
+            self._wake.set()
+
+    def mark_down(self, index: int, reason: str, final: bool = False) -> None:
+        ep = self.all[index]
+        ep.final = ep.final or final
+        if ep.state == DOWN:
+            ep.reason = reason if final else ep.reason
+            return
+        ep.state = DOWN
+        ep.reason = reason
+        ep.next_probe = time.monotonic() + self.interval_s
+        log.error("endpoint %s is down: %s", ep.base_url, reason)
+        self.on_down(ep)
+        if not self.lost and all(e.state == DOWN for e in self.all):
+            self.lost = True
+            self.on_all_down(self.summary())
+
+    async def _probe(self, session: aiohttp.ClientSession, ep: Endpoint) -> None:
+        try:
+            async with session.get(ep.probe_url, headers=ep.headers) as resp:
+                await resp.read()
+                status = resp.status
+            detail = f"HTTP {status}"
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            status, detail = None, describe(exc)
+        if ep.final:
+            return
+        if status == 404 and ep.probe_url.endswith("/health"):
+            ep.probe_url = ep.base_url + "/models"  # a server without /health
+            ep.next_probe = time.monotonic()
+            return
+        if status == 200:
+            ep.failures = 0
+            ep.next_probe = time.monotonic() + self.interval_s
+            if ep.state != UP:
+                log.warning("endpoint %s answers its health check again", ep.base_url)
+                ep.state = UP
+            return
+        ep.failures += 1
+        what = f"{ep.probe_url.rsplit('/', 1)[-1]} failed {ep.failures} times in a row (last: {detail})"
+        if ep.state == DOWN:
+            ep.next_probe = time.monotonic() + self.interval_s
+        elif ep.failures >= FAILURES_BEFORE_DOWN:
+            self.mark_down(ep.index, f"{ep.base_url}: /{what}")
+        else:
+            if ep.state == UP:
+                log.warning("endpoint %s: /%s; no new requests until it recovers", ep.base_url, what)
+            ep.state = SUSPECT
+            ep.next_probe = time.monotonic() + min(SUSPECT_PROBE_S, self.interval_s)
+
+    async def watch(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=max(1.0, min(PROBE_TIMEOUT_S, self.interval_s)))
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while True:
+                self._wake.clear()
+                now = time.monotonic()
+                due = [ep for ep in self.all if not ep.final and ep.next_probe <= now]
+                if due:
+                    await asyncio.gather(*(self._probe(session, ep) for ep in due))
+                waits = [ep.next_probe for ep in self.all if not ep.final]
+                if not waits:
+                    return
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), max(0.01, min(waits) - time.monotonic()))

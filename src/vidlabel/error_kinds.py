@@ -1,0 +1,99 @@
+"""What an error answer means: its ``error_kind`` (docs/outputs.md) and whether a retry may help.
+
+Errors are classified by HTTP status *and* message, because vLLM answers some permanent problems
+with a 5xx: a missing media file is a 500 "[Errno 2] No such file or directory", an MP4 cut after
+its header a 500 "Expected there to be 1 prompt placeholders corresponding to 1 video items, but
+instead found 0 ...". A refused API key is neither: every request would hit it, so the job stops.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+# Kinds that will not change on a retry: recorded once, terminal.
+PERMANENT_KINDS = frozenset({"too_long", "encoder_cache", "bad_media", "invalid_output", "truncated"})
+# Kinds that may succeed later: retried here, and by a later run once this run's attempts are spent.
+TRANSIENT_KINDS = frozenset({"timeout", "server_overloaded", "server_error", "connection"})
+ERROR_KINDS = PERMANENT_KINDS | TRANSIENT_KINDS
+
+MAX_RETRY_AFTER_S = 600.0  # a longer Retry-After is treated as this
+
+_BAD_MEDIA = re.compile(
+    r"no such file or directory|errno 2\b|must be a subpath of|cannot open video|failed to (?:load|open|decode)"
+    r"|could not (?:open|decode|read)|invalid (?:video|media)|unsupported (?:video|media)|not a video"
+    # No frame could be decoded, so the prompt lost its video placeholder (vLLM, truncated MP4).
+    r"|prompt (?:placeholders|updates) corresponding to \d+ (?:video|image) items?",
+    re.IGNORECASE)
+_TOO_LONG = re.compile(r"maximum context length|exceeds model's maximum context|input length .* exceeds"
+                       r"|prompt is too long|too many (?:input )?tokens", re.IGNORECASE)
+_ENCODER_CACHE = re.compile(r"encoder cache", re.IGNORECASE)
+
+
+class FatalClientError(RuntimeError):
+    """An error that every request would hit (bad API key, unknown model): stop the job, not the request."""
+
+
+def classify_error(http_status: int | None, message: str) -> tuple[str, bool]:
+    """(error_kind, transient) from the HTTP status and the error message together."""
+    msg = message or ""
+    if _ENCODER_CACHE.search(msg):
+        return "encoder_cache", False
+    if _TOO_LONG.search(msg) and (http_status is None or http_status < 500):
+        return "too_long", False
+    if _BAD_MEDIA.search(msg):
+        return "bad_media", False
+    if http_status is None:
+        return "connection", True
+    if http_status in (503, 429):
+        return "server_overloaded", True
+    if http_status in (408, 504):
+        return "timeout", True
+    if http_status >= 500:
+        return "server_error", True
+    return "server_error", False  # another 4xx: the request itself is refused; retrying will not help
+
+
+def fatal_error(url: str, http_status: int, message: str) -> FatalClientError | None:
+    """The job-stopping error for an answer that every request would get, else None."""
+    if http_status in (401, 403):
+        return FatalClientError(
+            f"{url} refused the API key (HTTP {http_status}: {message}): the key or the endpoint is wrong. "
+            "With classify.endpoints the key is read from the variable named by classify.api_key_env; "
+            "check it and classify.endpoints, then rerun.")
+    if http_status == 404 and "model" in message.lower():
+        return FatalClientError(f"{url} answered HTTP 404: {message} (check classify.model)")
+    return None
+
+
+def response_message(body: bytes) -> str:
+    """The error message of an error answer: vLLM's {"message": ...}, OpenAI's {"error": {"message":
+    ...}}, a bare {"error": "..."}, or the body's text."""
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        obj = None
+    if isinstance(obj, dict):
+        msg = obj.get("message") or obj.get("error") or obj.get("detail")
+        if isinstance(msg, dict):
+            msg = msg.get("message")
+        if msg:
+            return str(msg)
+    return body.decode(errors="replace")[:500]
+
+
+def retry_after_s(headers) -> float | None:
+    """Seconds from a Retry-After (or retry-after-ms) header, at most MAX_RETRY_AFTER_S; None when
+    absent or unparsable."""
+    if headers is None:
+        return None
+    try:
+        ms = headers.get("retry-after-ms")
+        if ms is not None:
+            return min(MAX_RETRY_AFTER_S, max(0.0, float(ms) / 1000))
+        value = headers.get("retry-after")
+        if value is not None:
+            return min(MAX_RETRY_AFTER_S, max(0.0, float(value)))
+    except (TypeError, ValueError):
+        pass
+    return None

@@ -1,0 +1,122 @@
+"""How many requests are in flight, how 503s move that number, and how long a retry waits.
+
+A request holds its slot from its first send to its record, back-off waits included: a request that
+the server refused waits out its back-off (exponential, full jitter, at least the Retry-After) without
+its slot going to another request, so an overloaded server sees fewer requests at once in proportion
+to its refusals, and nobody else stops sending. Every attempt, retries included, is also sent only
+while fewer than ``limit`` attempts are at the server, so that a lowered limit holds back the
+retries of requests that already have a slot.
+
+The limit moves below its ceiling (``classify.concurrency``, or what adaptive concurrency chose):
+
+- every answer raises it by 1/limit, i.e. one slot per round trip of answers, up to the ceiling;
+- a refusal (503 or 429) of a request sent while n requests were at the server lowers it to n - 1
+  when, among the recent outcomes (answers and refusals, the last 2 x ceiling), requests sent with
+  n or more at the server were refused more often than answered: the server is full at n (vLLM's
+  admission 503 under ``--max-num-queued-reqs``), so the client stops offering n. Scattered 503s
+  (a proxy, a fault) hit every level alike, are outnumbered by answers, and cost only their own
+  back-off. Without any answer yet there is no evidence either way, and the back-off alone applies.
+
+A multiplicative decrease per refusal (TCP's) would read 20 % scattered 503s as congestion and
+halve the limit every round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import deque
+
+
+def backoff_s(attempt: int, initial_s: float, max_s: float, retry_after: float | None) -> float:
+    """Delay before retry number ``attempt`` (1, 2, ...): full jitter up to initial x 2^(attempt-1),
+    capped at max_s; never less than the server's Retry-After."""
+    delay = random.uniform(0, min(max_s, initial_s * 2 ** (attempt - 1)))
+    return delay if retry_after is None else max(delay, retry_after)
+
+
+class InFlightLimit:
+    """A semaphore whose size moves: ``await acquire()`` / ``release()`` around a request's lifetime,
+    ``n = await send()`` / ``returned()`` around each HTTP attempt, then ``answered(n)`` or
+    ``refused(n)``."""
+
+    def __init__(self, ceiling: int):
+        self.ceiling = max(1, int(ceiling))
+        self._window = float(self.ceiling)
+        self.in_flight = 0  # slot holders, back-off waits included
+        self.at_server = 0  # attempts sent and not yet returned
+        self._outcomes: deque[tuple[int, bool]] = deque(maxlen=2 * self.ceiling)  # (n, refused)
+        self._waiters: deque[asyncio.Future] = deque()  # for a slot
+        self._senders: deque[asyncio.Future] = deque()  # for a place at the server
+
+    @property
+    def limit(self) -> int:
+        return max(1, min(self.ceiling, int(self._window)))
+
+    async def acquire(self) -> None:
+        if self.in_flight < self.limit and not self._waiters:
+            self.in_flight += 1
+            return
+        await self._wait(self._waiters, self.release)
+
+    def release(self) -> None:
+        self.in_flight -= 1
+        self._wake()
+
+    async def send(self) -> int:
+        """Wait for a place at the server; the number of attempts there with this one."""
+        if self.at_server < self.limit and not self._senders:
+            self.at_server += 1
+        else:
+            await self._wait(self._senders, self.returned)
+        return self.at_server
+
+    def returned(self) -> None:
+        self.at_server -= 1
+        self._wake()
+
+    async def _wait(self, queue: deque, give_back) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        queue.append(fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                give_back()  # granted just as the waiter was cancelled
+            else:
+                queue.remove(fut)
+            raise
+
+    def _wake(self) -> None:
+        while self._senders and self.at_server < self.limit:
+            fut = self._senders.popleft()
+            if not fut.done():
+                self.at_server += 1
+                fut.set_result(None)
+        while self._waiters and self.in_flight < self.limit:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                self.in_flight += 1
+                fut.set_result(None)
+
+    def set_ceiling(self, ceiling: int) -> None:
+        """Adaptive concurrency moved the ceiling; a limit that was at the old one follows it."""
+        at_ceiling = self._window >= self.ceiling
+        self.ceiling = max(1, int(ceiling))
+        self._window = float(self.ceiling) if at_ceiling else min(self._window, float(self.ceiling))
+        self._outcomes = deque(self._outcomes, maxlen=2 * self.ceiling)
+        self._wake()
+
+    def answered(self, n: int) -> None:
+        self._outcomes.append((n, False))
+        if self._window < self.ceiling:
+            self._window = min(float(self.ceiling), self._window + 1 / self._window)
+            self._wake()
+
+    def refused(self, n: int) -> None:
+        self._outcomes.append((n, True))
+        if all(refused for _, refused in self._outcomes):
+            return
+        refusals = sum(1 for m, refused in self._outcomes if refused and m >= n)
+        if refusals > sum(1 for m, refused in self._outcomes if not refused and m >= n):
+            self._window = min(self._window, float(max(1, n - 1)))
