@@ -13,8 +13,10 @@ instead, to try the script without a GPU). Two steps:
            vidlabel's stage functions and the default config (``config/config.yaml``), then per variant
            ``vidlabel.classify.run_shard`` with the configured server command, which starts, uses and
            stops its own server. Variants are dash-joined words: ``default``, ``transcoded``, ``apiN``
-           (API servers), ``concN`` (client concurrency), ``eager`` (--enforce-eager), ``mbtN``
-           (--max-num-batched-tokens N). A rerun of the same workdir resumes unfinished variants
+           (API servers), ``concN`` (client concurrency per copy), ``tpN`` / ``dpN`` (tensor or data
+           parallel instead of ``auto``), ``dpvllm`` (copies served by vLLM's --data-parallel-size),
+           ``eager`` (--enforce-eager), ``mbtN`` (--max-num-batched-tokens N); ``@anything`` only
+           names the run (``default-@2gpu``). A rerun of the same workdir resumes unfinished variants
            from their journals and skips finished ones.
 
 Printed per variant: requests by status and error kind; estimated / served prompt tokens (min,
@@ -179,23 +181,32 @@ def variant_config(args, name: str) -> tuple[str, dict]:
             c["concurrency"] = int(m.group(1))
         elif m := re.fullmatch(r"mbt(\d+)", word):
             c["max_num_batched_tokens"] = int(m.group(1))
+        elif m := re.fullmatch(r"tp(\d+)", word):
+            c["parallelism"] = {"tensor": int(m.group(1)), "data": 1}
+        elif m := re.fullmatch(r"dp(\d+)", word):
+            c["parallelism"] = {"tensor": 1, "data": int(m.group(1))}
+        elif word == "dpvllm":
+            c["data_parallel_backend"] = "vllm"
         elif word == "eager":
             c["server_args"] = f"{c['server_args']} --enforce-eager".strip()
-        elif word not in ("default", "transcoded", "raw"):
+        elif word not in ("default", "transcoded", "raw") and not word.startswith("@"):
             raise SystemExit(f"unknown variant word {word!r} in {name!r}")
     return mode, config
 
 
-class _ServerReady(logging.Handler):
-    """Collects 'server N ready ... X s after its start' from vidlabel.server."""
+class _JobLog(logging.Handler):
+    """Collects 'server N ready ... X s after its start' and the parallelism decision of the job."""
 
     def __init__(self):
         super().__init__()
         self.seconds: list[float] = []
+        self.layout: str | None = None
 
     def emit(self, record):
         if "ready on port" in record.msg:
             self.seconds.append(float(record.args[-1]))
+        elif "parallelism" in record.msg:
+            self.layout = record.getMessage().split("parallelism ", 1)[-1][:120]
 
 
 class _GpuSampler(threading.Thread):
@@ -206,9 +217,11 @@ class _GpuSampler(threading.Thread):
 
     def run(self):
         exe = shutil.which("nvidia-smi")
+        # nvidia-smi counts physical GPUs; this job's are those CUDA_VISIBLE_DEVICES names.
+        ids = [f"--id={os.environ['CUDA_VISIBLE_DEVICES']}"] if os.environ.get("CUDA_VISIBLE_DEVICES") else []
         while exe and not self.stop.wait(1.0):
             try:
-                out = subprocess.run([exe, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
+                out = subprocess.run([exe, *ids, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
                                      capture_output=True, text=True, timeout=5).stdout
                 values = [float(v) for v in out.split()]
                 self.samples.append((time.time(), sum(values) / len(values)))
@@ -226,8 +239,9 @@ def run_variant(args, name: str) -> dict:
     out = Path(args.workdir) / "runs" / name
     out.mkdir(parents=True, exist_ok=True)
     labels_path = out / "labels.parquet"
-    ready = _ServerReady()
-    logging.getLogger("vidlabel.server").addHandler(ready)
+    ready = _JobLog()
+    for name_ in ("vidlabel.server", "vidlabel.classify"):
+        logging.getLogger(name_).addHandler(ready)
     gpu = _GpuSampler()
     gpu.start()
     t0 = time.monotonic()
@@ -240,15 +254,18 @@ def run_variant(args, name: str) -> dict:
     finally:
         wall = time.monotonic() - t0
         gpu.stop.set()
-        logging.getLogger("vidlabel.server").removeHandler(ready)
+        for name_ in ("vidlabel.server", "vidlabel.classify"):
+            logging.getLogger(name_).removeHandler(ready)
     records = (pq.read_table(labels_path).to_pylist() if labels_path.exists()
                else [json.loads(x) for x in (out / "journal.jsonl").read_text().splitlines() if x.strip()])
     excluded = pq.read_table(Path(config["results"]) / "manifest" / "excluded.parquet").to_pylist()
-    return summarise(name, config, records, excluded, wall, ready.seconds, gpu.samples,
-                     out / "server.log", error)
+    row = summarise(name, config, records, excluded, wall, ready.seconds, gpu.samples,
+                    sorted(out.glob("server*.log")), error)
+    row["layout"] = ready.layout
+    return row
 
 
-def summarise(name, config, records, excluded, wall, ready_s, gpu_samples, server_log: Path, error) -> dict:
+def summarise(name, config, records, excluded, wall, ready_s, gpu_samples, server_logs: list[Path], error) -> dict:
     ok = [r for r in records if r["status"] == "ok"]
     kinds: dict[str, int] = {}
     for r in records:
@@ -260,8 +277,8 @@ def summarise(name, config, records, excluded, wall, ready_s, gpu_samples, serve
     window = (max(finished) - min(started)) if started and finished else float("nan")
     prompt = sum(r["prompt_tokens"] or 0 for r in ok)
     output = sum(r["completion_tokens"] or 0 for r in ok)
-    log_text = server_log.read_text(errors="replace") if server_log.exists() else ""
-    running = [int(x) for x in re.findall(r"Running: (\d+) reqs", log_text)]
+    # vLLM logs the requests it runs every few seconds, per copy.
+    running = [int(x) for log in server_logs for x in re.findall(r"Running: (\d+) reqs", log.read_text(errors="replace"))]
     in_window = [u for t, u in gpu_samples if started and min(started) <= t <= max(finished)]
     c = config["classify"]
     return {
@@ -279,6 +296,7 @@ def summarise(name, config, records, excluded, wall, ready_s, gpu_samples, serve
         "engine_running_max": max(running) if running else None,
         "engine_running_median": statistics.median(running) if running else None,
         "gpu_util_mean": statistics.mean(in_window) if in_window else None,
+        "model": c["model"], "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", "all"), "cpus": len(os.sched_getaffinity(0)),
         "concurrency": c["concurrency"], "api_server_count": c["api_server_count"],
         "max_num_batched_tokens": c["max_num_batched_tokens"], "max_tokens": c["max_tokens"],
         "server_args": c["server_args"], "error": error,
@@ -288,7 +306,7 @@ def summarise(name, config, records, excluded, wall, ready_s, gpu_samples, serve
 def table(rows: list[dict]) -> str:
     head = ("| variant | requests: status | est/served tokens (min / median / max) | served prompt tokens "
             "(min / median / max) | prompt tok/s | output tok/s | req/s | p50 latency | server start | "
-            "engine running (max / median) | GPU util |\n" + "|---" * 11 + "|")
+            "engine running (max / median) | GPU util | layout |\n" + "|---" * 12 + "|")
     lines = [head]
     for r in rows:
         ratio = r["est_over_served"]
@@ -302,7 +320,8 @@ def table(rows: list[dict]) -> str:
             + (f"{r['p50_latency_s']:.1f} s" if r["p50_latency_s"] is not None else "-") + " | "
             + (f"{r['server_start_s']:.0f} s" if r["server_start_s"] is not None else "-") + " | "
             + (f"{r['engine_running_max']} / {r['engine_running_median']:g}" if r["engine_running_max"] else "-")
-            + " | " + (f"{r['gpu_util_mean']:.0f} %" if r["gpu_util_mean"] is not None else "-") + " |")
+            + " | " + (f"{r['gpu_util_mean']:.0f} %" if r["gpu_util_mean"] is not None else "-")
+            + f" | {r.get('layout') or '-'} |")
     return "\n".join(lines)
 
 
