@@ -349,3 +349,21 @@ def test_blank_paths_and_ids_with_unicode_whitespace(tmp_path):
     assert "duplicate post_id, 1 value(s): 'a' (rows 4, 6)" in message  # 'a ' is another id
     assert "empty video_path in 2 row(s): row 4 (post_id 'a'), row 5 (post_id 'a ')" in message
     assert "outside media_root" not in message
+
+
+def test_probe_works_with_a_pyav_that_has_no_metadata_errors_option(tmp_path, monkeypatch):
+    """PyAV 19 dropped av.open's metadata_errors keyword (it always replaces undecodable metadata)."""
+    import av
+
+    path = tmp_path / "clip.mp4"
+    make_video(path, duration=1.0, size=(320, 180), fps=10, audio=False)
+    real_open = av.open
+
+    def pyav19_open(*args, **kwargs):
+        if "metadata_errors" in kwargs:
+            raise TypeError("open() got an unexpected keyword argument 'metadata_errors'")
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(av, "open", pyav19_open)
+    info = probe(path)
+    assert info["probe_error"] is None and info["duration_s"] > 0 and (info["width"], info["height"]) == (320, 180)

@@ -105,7 +105,7 @@ def probe(path: str | os.PathLike) -> dict[str, Any]:
         info["probe_error"] = "empty file (0 bytes)"
         return info
     try:
-        container = av.open(path, metadata_errors="replace")
+        container = _open(path)
     except av.error.InvalidDataError:
         info["probe_error"] = _explain_invalid_data(path)
         return info
@@ -178,7 +178,7 @@ def _first_frame(container, stream):
             return frames[0]
         break
     # Slow path (first packet alone does not decode): decode from the start with a fresh decoder.
-    with av.open(container.name, metadata_errors="replace") as again:
+    with _open(container.name) as again:
         video = again.streams[stream.index]
         video.codec_context.thread_count = 1
         for frame in again.decode(video):
@@ -235,3 +235,13 @@ def _last_lines(text: str, n: int = 5, limit: int = 1000) -> str:
     """The tail of ffmpeg's stderr, which holds the actual reason, as one line."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     return " | ".join(lines[-n:])[-limit:]
+
+
+def _open(path: str):
+    """av.open, replacing undecodable metadata where this PyAV version lets us choose (PyAV 19
+    dropped the option and always replaces)."""
+    try:
+        return av.open(path, metadata_errors="replace")
+    except TypeError:
+        return av.open(path)
+
