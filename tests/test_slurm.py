@@ -958,3 +958,70 @@ def test_scancel_of_a_running_shard_job_is_noticed_and_the_retry_resumes(cancell
     assert sorted(rid for rid in completed if rid in manifest_ids) == sorted(manifest_ids)
     assert labels_by_post(workdir) == labels_by_post(local_reference)
 
+
+# Its one job waits until the file "go" exists.
+WAITING_SNAKEFILE = textwrap.dedent(r'''
+    rule all:
+        input:
+            "done.txt",
+
+    rule classify:
+        output:
+            "done.txt",
+        shell:
+            "until [ -e go ]; do sleep 0.2; done; echo $SLURM_JOB_ID > {output}"
+''')
+
+
+@pytest.fixture(scope="module")
+def killed_head(slurm_cluster, tmp_path_factory):
+    """The head Snakemake process is killed (SIGKILL) while its job runs; then the recovery that
+    docs/slurm.md describes: the same command (LockException), cancel the killed run's jobs
+    (its run ID is in its log), --unlock, the same command again."""
+    workdir = tmp_path_factory.mktemp("slurm-killed-head")
+    snakefile = workdir / "Snakefile"
+    snakefile.write_text(WAITING_SNAKEFILE)
+    profile = overlay_profile(slurm_cluster, workdir / "profile")
+    live = LiveRun(slurm_cluster, workdir, snakefile, profile)
+    try:
+        run_id = live.run_id()
+        live.wait_until(lambda: [s for _, s in queued(slurm_cluster, run_id).values()] == ["RUNNING"], "the job running")
+        os.kill(live.head_pid(), 9)
+        killed = live.finish(killed=True)
+    finally:
+        if live.proc.poll() is None:  # a failure before the kill: leave nothing behind
+            live.stop()
+    left = queued(slurm_cluster, run_id)
+    command = ["timeout", "-s", "KILL", "300", str(BIN / "snakemake"), "-s", str(snakefile), "-d", str(workdir),
+               "--profile", str(profile)]
+    locked = subprocess.run(command, cwd=workdir, capture_output=True, text=True, env=slurm_cluster.env())
+    # The recovery: the killed run's ID from its log; its jobs cancelled; then --unlock.
+    logged = re.findall(r"SLURM run ID: (\S+)", "".join(p.read_text() for p in (workdir / ".snakemake" / "log").glob("*.log")))
+    subprocess.run(["scancel", "--name", logged[-1]], env=slurm_cluster.env(), check=True)
+    deadline = time.monotonic() + 120
+    while queued(slurm_cluster, run_id):
+        assert time.monotonic() < deadline, "the killed run's job did not end after scancel"
+        time.sleep(0.2)
+    unlocked = subprocess.run([*command, "--unlock"], cwd=workdir, capture_output=True, text=True,
+                              env=slurm_cluster.env())
+    (workdir / "go").touch()
+    again = run_slurm(slurm_cluster, workdir, snakefile, profile)
+    return SimpleNamespace(workdir=workdir, killed=killed, left=left, locked=locked, logged=logged,
+                           unlocked=unlocked, again=again, jobs=sacct_jobs(slurm_cluster, again.run_id))
+
+
+@slurm
+def test_killed_head_leaves_a_lock_that_the_documented_unlock_clears(killed_head):
+    assert killed_head.killed.proc.returncode in (-9, 137)  # SIGKILL (`timeout` passes it on)
+    assert [state for _, state in killed_head.left.values()] == ["RUNNING"]  # its job outlived it
+    assert killed_head.locked.returncode != 0
+    locked_output = killed_head.locked.stdout + killed_head.locked.stderr
+    assert "LockException" in locked_output and "SLURM run ID" not in locked_output  # nothing submitted
+    assert killed_head.logged[-1] == killed_head.killed.run_id
+    assert killed_head.unlocked.returncode == 0, killed_head.unlocked.stderr[-4000:]
+    assert killed_head.again.proc.returncode == 0, killed_head.again.output[-6000:]
+    [job] = killed_head.jobs
+    assert job["State"] == "COMPLETED" and (killed_head.workdir / "done.txt").read_text().strip() == job["JobID"]
+    # The recovery is the one the documentation gives.
+    for doc in (REPO / "README.md", REPO / "docs" / "slurm.md"):
+        assert "snakemake --profile profiles/slurm --unlock" in doc.read_text(), doc
