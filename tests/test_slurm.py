@@ -801,7 +801,7 @@ class LiveRun:
                 self._reader.join(10)
                 pytest.fail(f"snakemake ended (rc {self.proc.returncode}) before {what}:\n{self.output[-6000:]}")
             time.sleep(0.2)
-        pytest.fail(f"no {what} within {timeout} s:\n{self.output[-6000:]}")
+        pytest.fail(f"not within {timeout} s: {what}:\n{self.output[-6000:]}")
 
     def run_id(self) -> str:
         return self.wait_until(lambda: (m := re.search(r"SLURM run ID: (\S+)", self.output)) and m.group(1),
