@@ -23,12 +23,15 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [f"{workflow.basedir}/sr
 import vidlabel.config
 import vidlabel.inventory
 import vidlabel.planning
+import vidlabel.slurm
 
 vidlabel.config.validate(config, f"{workflow.basedir}/workflow/schemas/config.schema.yaml")
 if workflow.is_main_process:
     vidlabel.inventory.load_posts(config["posts"], config["media_root"])
     if not config["classify"]["endpoints"]:
         vidlabel.planning.allowed_media_path(config)  # the one directory the server may read
+    # The SLURM plugin would keep a job cancelled with scancel ("CANCELLED by <uid>") running for ever.
+    vidlabel.slurm.read_failure_states_by_base_name()
 
 
 include: "workflow/rules/common.smk"

@@ -14,7 +14,11 @@ its rerun); part 2 runs the vidlabel workflow on the demo posts with the stand-i
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import importlib.metadata
 import json
+import logging
 import os
 import re
 import shlex
@@ -22,14 +26,17 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType, SimpleNamespace
 
 import pyarrow.parquet as pq
 import pytest
 import yaml
 
+import vidlabel.slurm
 from conftest import run_snakemake, write_overlay
 from standin import read_request_log, standin_command
 
@@ -212,6 +219,126 @@ def test_shipped_profile_gpu_rules_and_resource_names():
     rules = set(re.findall(r"^rule (\w+):", "".join(p.read_text() for p in (REPO / "workflow" / "rules").glob("*.smk")),
                            re.MULTILINE))
     assert set(profile["set-resources"]) <= rules, set(profile["set-resources"]) - rules
+
+
+# ------------------------------------------------------------------------------------ job states (vidlabel.slurm)
+
+
+def plugin_verdict(state: str, wrap: bool = False) -> str:
+    """What the installed plugin's own check_active_jobs makes of one job whose status query
+    answers ``state``: "failed", "succeeded" or "running" (yielded back: the run keeps waiting).
+    ``wrap``: through vidlabel.slurm's status query wrapper. No SLURM needed: the query and the
+    sacct calls for failure reasons are replaced; everything else is the plugin's code."""
+    import snakemake_executor_plugin_slurm as plugin
+
+    async def query(command, logger):
+        return {"123": state}, 0.01
+
+    verdicts = []
+    executor = SimpleNamespace(
+        workflow=SimpleNamespace(executor_settings=SimpleNamespace(
+            status_attempts=1, init_seconds_before_status_checks=1, keep_successful_logs=True, requeue=False)),
+        logger=logging.getLogger("test-plugin-verdict"), run_uuid="run", status_rate_limiter=contextlib.nullcontext(),
+        get_status_command=lambda: "sacct", next_seconds_between_status_checks=1, _preemption_warning=False,
+        _failed_nodes=set(), _status_query_failures=0, _status_query_calls=0, _status_query_total_seconds=0.0,
+        _status_query_min_seconds=None, _status_query_max_seconds=0.0, _status_query_cycle_rows=[],
+        report_job_success=lambda job: verdicts.append("succeeded"),
+        report_job_error=lambda job, msg=None, aux_logs=None: verdicts.append("failed"))
+    job = SimpleNamespace(external_jobid="123", aux={})
+
+    async def check():
+        return [j async for j in plugin.Executor.check_active_jobs(executor, [job])]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(plugin, "query_job_status", vidlabel.slurm._wrap(query) if wrap else query)
+        patch.setattr(plugin, "get_min_job_age", lambda: 300)
+        patch.setattr(plugin, "is_query_tool_available", lambda tool: True)
+        patch.setattr(plugin, "subprocess", SimpleNamespace(check_output=lambda *a, **k: "", PIPE=subprocess.PIPE,
+                                                            CalledProcessError=subprocess.CalledProcessError))
+        try:
+            still_running = asyncio.run(check())
+        except (AttributeError, TypeError) as error:
+            pytest.fail(f"the plugin's check_active_jobs changed ({error!r}): check whether it now reads "
+                        "'CANCELLED by <uid>' itself (then remove src/vidlabel/slurm.py and its Snakefile line) "
+                        "and update this driver")
+    return "running" if still_running == [job] else verdicts[0]
+
+
+def test_upstream_plugin_still_keeps_cancelled_jobs_running():
+    """Tells when upstream fixes it: this fails the day the plugin itself reads ``CANCELLED by 0``
+    as failed. Then remove src/vidlabel/slurm.py, its Snakefile line and its paragraph in
+    docs/slurm.md."""
+    assert plugin_verdict("CANCELLED") == "failed"  # the driver sees the plugin's failures
+    assert plugin_verdict("COMPLETED") == "succeeded"
+    assert plugin_verdict("CANCELLED by 0") == "running", (
+        f"snakemake-executor-plugin-slurm {importlib.metadata.version('snakemake-executor-plugin-slurm')} now "
+        "treats 'CANCELLED by 0' as failed: the workaround in src/vidlabel/slurm.py can go")
+
+
+def test_wrapped_status_query_makes_the_plugin_fail_suffixed_states():
+    for state in ("CANCELLED by 0", "CANCELLED by 1234", "CANCELLED+", "cancelled", "TIMEOUT+", "FAILED ",
+                  "OUT_OF_MEMORY+", "NODE_FAIL+", "BOOT_FAIL+", "DEADLINE+"):
+        assert plugin_verdict(state, wrap=True) == "failed", state
+    # Everything else keeps the plugin's reading, preemption included (it waits for SLURM's requeue).
+    for state, verdict in [("COMPLETED", "succeeded"), ("RUNNING", "running"), ("PENDING", "running"),
+                           ("REQUEUED", "running"), ("PREEMPTED+", "running"), ("SUSPENDED", "running")]:
+        assert plugin_verdict(state, wrap=True) == verdict, state
+    assert vidlabel.slurm.base_state("CANCELLED by 0") == "CANCELLED"
+    assert vidlabel.slurm.base_state("PREEMPTED by 0") == "PREEMPTED"
+    assert vidlabel.slurm.base_state("COMPLETING") == "COMPLETING"
+
+
+def fake_plugin(query, hooked: bool = True) -> ModuleType:
+    """A module shaped like the plugin: ``query_job_status`` and an Executor whose
+    check_active_jobs calls it by name (``hooked``) or not."""
+    module = ModuleType("fake_plugin")
+    module.query_job_status = query
+    called = "query_job_status" if hooked else "other_query"
+    exec(f"class Executor:\n    async def check_active_jobs(self, jobs):\n        await {called}('', None)\n"
+         f"        yield None\n", module.__dict__)
+    return module
+
+
+async def raw_query(command, logger):
+    proc = await asyncio.create_subprocess_exec(*shlex.split(command), stdout=asyncio.subprocess.PIPE)
+    out, _ = await proc.communicate()
+    return dict(line.split("|", 1) for line in out.decode().splitlines()), 0.0
+
+
+async def fixed_query(command, logger):
+    states, seconds = await raw_query(command, logger)
+    return {job: state.split()[0] for job, state in states.items()}, seconds
+
+
+@pytest.mark.parametrize("version, query, hooked, applied, warning", [
+    ("2.8.0", raw_query, True, True, None),  # known to need it
+    ("2.4.0", raw_query, True, True, None),
+    ("2.8.0", raw_query, False, False, "not where vidlabel.slurm expects"),  # the hook moved
+    ("2.3.0", raw_query, True, False, "older than"),
+    ("9.0.0", fixed_query, True, False, "can be removed"),  # a future version that handles it
+    ("9.0.0", raw_query, True, True, None),  # a future version that does not
+])
+def test_wrapper_is_applied_only_where_needed_and_once(version, query, hooked, applied, warning, caplog):
+    plugin = fake_plugin(query, hooked)
+    with caplog.at_level(logging.INFO):
+        assert vidlabel.slurm.read_failure_states_by_base_name(plugin, version) is applied
+        assert (plugin.query_job_status is not query) is applied
+        if applied:
+            wrapped = plugin.query_job_status
+            assert vidlabel.slurm.read_failure_states_by_base_name(plugin, version)
+            assert plugin.query_job_status is wrapped  # not wrapped twice
+            for _ in range(2):
+                states, _ = asyncio.run(wrapped(shlex.join(["printf", r"7|CANCELLED by 0\n8|RUNNING\n"]),
+                                                logging.getLogger("snakemake.logging")))
+                assert states == {"7": "CANCELLED", "8": "RUNNING"}
+    messages = [r.getMessage() for r in caplog.records]
+    if warning:
+        assert [m for m in messages if warning in m] and all(r.levelno == logging.WARNING for r in caplog.records)
+    else:
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING], messages
+    # Once per run: that it is in use, and once per job whose state it read differently.
+    assert sum("are read as the bare state" in m for m in messages) == int(applied)
+    assert sum("SLURM job 7: state 'CANCELLED by 0' read as 'CANCELLED'" in m for m in messages) == int(applied)
 
 
 # ------------------------------------------------------------------------------------ part 1: a tiny workflow
@@ -566,10 +693,10 @@ def test_crashed_shard_is_resubmitted_and_resumes_in_the_same_run(crash_with_ret
     assert labels_by_post(workdir) == labels_by_post(local_reference)
 
 
-def slow_once_command(workdir: Path) -> str:
-    """The stand-in; the first server to start answers slowly (25 s per request) and leaves its
-    SLURM job ID in ``workdir/slow-once/job``; every later server answers at once."""
-    slow = standin_command(sys.executable, workdir / "requests.jsonl", *YES_IF, "--latency", "25")
+def slow_once_command(workdir: Path, latency: float = 25) -> str:
+    """The stand-in; the first server to start answers slowly (``latency`` s per request) and leaves
+    its SLURM job ID in ``workdir/slow-once/job``; every later server answers at once."""
+    slow = standin_command(sys.executable, workdir / "requests.jsonl", *YES_IF, "--latency", str(latency))
     fast = standin_command(sys.executable, workdir / "requests.jsonl", *YES_IF, "--latency", "0.05")
     marker = shlex.quote(str(workdir / "slow-once"))
     script = (f"if mkdir {marker} 2>/dev/null; then echo $SLURM_JOB_ID > {marker}/job.tmp && "
@@ -630,3 +757,271 @@ def test_time_limit_sigterm_keeps_the_journal_and_the_retry_resumes(time_limit_r
     assert before, "no request finished before the time limit"
     assert before & after == set()
     assert labels_by_post(workdir) == labels_by_post(local_reference)
+
+
+# ------------------------------------------------------------------------------------ scancel, and a killed Snakemake
+
+
+class LiveRun:
+    """`snakemake --profile <overlay>` in the background, wrapped in `timeout -s KILL` like every
+    run here; each line of its output is kept with the time (time.time()) it arrived."""
+
+    def __init__(self, cluster: Cluster, workdir: Path, snakefile: Path, profile: Path, *args: str,
+                 timeout: int = 600):
+        self.cluster, self.timeout = cluster, timeout
+        self.command = ["timeout", "-s", "KILL", str(timeout), str(BIN / "snakemake"), "-s", str(snakefile),
+                        "-d", str(workdir), "--profile", str(profile), *args]
+        self.t0 = time.monotonic()
+        self.proc = subprocess.Popen(self.command, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, env=cluster.env(), start_new_session=True)
+        self.lines: list[tuple[float, str]] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append((time.time(), line.rstrip("\n")))
+
+    @property
+    def output(self) -> str:
+        return "\n".join(line for _, line in list(self.lines))
+
+    def first(self, text: str) -> float | None:
+        """When the first line containing ``text`` arrived."""
+        return next((t for t, line in list(self.lines) if text in line), None)
+
+    def wait_until(self, condition, what: str, timeout: float = 300):
+        """Poll ``condition()`` until it is truthy and return it; fail when the run ends first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = condition()
+            if value:
+                return value
+            if self.proc.poll() is not None:
+                self._reader.join(10)
+                pytest.fail(f"snakemake ended (rc {self.proc.returncode}) before {what}:\n{self.output[-6000:]}")
+            time.sleep(0.2)
+        pytest.fail(f"not within {timeout} s: {what}:\n{self.output[-6000:]}")
+
+    def run_id(self) -> str:
+        return self.wait_until(lambda: (m := re.search(r"SLURM run ID: (\S+)", self.output)) and m.group(1),
+                               "SLURM run ID", timeout=120)
+
+    def head_pid(self) -> int:
+        """The Snakemake process itself (the child of `timeout`)."""
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+        assert len(children) == 1, children
+        return int(children[0])
+
+    def finish(self, killed: bool = False) -> Run:
+        self.proc.wait(timeout=self.timeout + 30)
+        self._reader.join(30)
+        if not killed:
+            assert self.proc.returncode not in (124, 137, -9), f"snakemake killed after {self.timeout} s:\n{self.output[-6000:]}"
+        match = re.search(r"SLURM run ID: (\S+)", self.output)
+        assert match, f"no SLURM run ID in the output:\n{self.output[-6000:]}"
+        return Run(subprocess.CompletedProcess(self.command, self.proc.returncode, self.output, ""), match.group(1),
+                   time.monotonic() - self.t0)
+
+    def stop(self) -> None:
+        """After a failed test: end the run and its SLURM jobs, so that later tests find the cluster free."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, 9)
+            self.proc.wait(30)
+        match = re.search(r"SLURM run ID: (\S+)", self.output)
+        if match:
+            subprocess.run(["scancel", "--name", match.group(1)], env=self.cluster.env(), check=False)
+
+
+def queued(cluster: Cluster, run_id: str) -> dict[str, tuple[str, str]]:
+    """Job ID -> (comment, state) of a run's jobs still in the queue."""
+    proc = subprocess.run(["squeue", "-h", "--name", run_id, "-o", "%i|%k|%T"], capture_output=True, text=True,
+                          env=cluster.env(), check=True)
+    return {job: (comment, state) for job, comment, state in
+            (line.split("|") for line in proc.stdout.splitlines() if line.strip())}
+
+
+def job_state(cluster: Cluster, job: str) -> str:
+    proc = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, env=cluster.env())
+    return proc.stdout.strip()
+
+
+def scancel(cluster: Cluster, job: str) -> float:
+    """Cancel a job as a user would; the time.time() just before."""
+    t = time.time()
+    subprocess.run(["scancel", job], env=cluster.env(), check=True)
+    return t
+
+
+STATUS_CHECK = "Checking the status of"  # the plugin's debug line at the start of each status check
+
+
+def status_checks_between(lines: list[tuple[float, str]], start: float, end: float) -> int:
+    return sum(1 for t, line in lines if STATUS_CHECK in line and start <= t <= end)
+
+
+@pytest.fixture(scope="module")
+def cancelled_shards(slurm_cluster, demo_set, tmp_path_factory, local_reference):
+    """One run of the workflow with the shipped profile (retries: 1) in which both shard jobs are
+    cancelled with scancel: one while it pends (a job holding 4 of the node's 8 GPUs leaves room
+    for one shard job), the other while it runs, after its first journaled answer (its server, the
+    first to start, answers in 2 s each). Then the holder ends and the retries finish the run."""
+    workdir = prepared_workdir("slurm-scancel", tmp_path_factory, demo_set, local_reference,
+                               lambda w: slow_once_command(w, latency=2), {"concurrency": 1})
+    profile = overlay_profile(slurm_cluster, workdir / "profile")
+    holder = subprocess.run(["sbatch", "--parsable", "-A", slurm_cluster.account, "-p", slurm_cluster.partition,
+                             "--gpus=4", "-c", "1", "--mem=100", "-J", "gpu-holder", "-o", "/dev/null",
+                             "--wrap", "sleep 900"], capture_output=True, text=True, env=slurm_cluster.env(),
+                            check=True).stdout.strip().split(";")[0]
+    live = None
+    try:
+        deadline = time.monotonic() + 60
+        while job_state(slurm_cluster, holder) != "RUNNING":
+            assert time.monotonic() < deadline, f"the GPU holder job {holder} never started"
+            time.sleep(0.2)
+        live = LiveRun(slurm_cluster, workdir, REPO / "Snakefile", profile, *workflow_args(workdir), "--verbose")
+        run_id = live.run_id()
+
+        def one_running_one_pending():
+            jobs = queued(slurm_cluster, run_id)
+            return jobs if sorted(state for _, state in jobs.values()) == ["PENDING", "RUNNING"] else None
+
+        jobs = live.wait_until(one_running_one_pending, "one shard job running and the other pending")
+        pending = next(job for job, (_, state) in jobs.items() if state == "PENDING")
+        running = next(job for job, (_, state) in jobs.items() if state == "RUNNING")
+        shard = int(jobs[running][0].split("_wildcards_")[1])
+
+        pending_cancelled = scancel(slurm_cluster, pending)
+        pending_noticed = live.wait_until(lambda: live.first(f"SLURM-job '{pending}' failed"),
+                                          "the cancelled pending job reported failed")
+        journal = workdir / "results" / "journal" / f"shard-{shard}.jsonl"
+        live.wait_until(lambda: journal_ok_ids(journal), f"an answer of shard {shard} journaled")
+        running_cancelled = scancel(slurm_cluster, running)
+        journaled_at_cancel = journal_ok_ids(journal)
+        running_noticed = live.wait_until(lambda: live.first(f"SLURM-job '{running}' failed"),
+                                          "the cancelled running job reported failed")
+        subprocess.run(["scancel", holder], env=slurm_cluster.env(), check=True)
+        run = live.finish()
+    finally:
+        if live is not None:
+            live.stop()
+        subprocess.run(["scancel", holder], env=slurm_cluster.env(), check=False)
+    print(f"scancel -> snakemake reports the job failed: pending {pending_noticed - pending_cancelled:.1f} s "
+          f"({status_checks_between(live.lines, pending_cancelled, pending_noticed)} status checks), running "
+          f"{running_noticed - running_cancelled:.1f} s "
+          f"({status_checks_between(live.lines, running_cancelled, running_noticed)} status checks)")
+    return SimpleNamespace(workdir=workdir, run=run, lines=list(live.lines), jobs=sacct_jobs(slurm_cluster, run.run_id),
+                           pending=SimpleNamespace(job=pending, cancelled=pending_cancelled, noticed=pending_noticed),
+                           running=SimpleNamespace(job=running, cancelled=running_cancelled, noticed=running_noticed,
+                                                   shard=shard, journaled=journaled_at_cancel))
+
+
+def attempts(jobs: list[dict[str, str]], job_id: str) -> list[dict[str, str]]:
+    """Every SLURM job of the rule and wildcards of ``job_id`` (its attempts), in order."""
+    comment = next(j["Comment"] for j in jobs if j["JobID"] == job_id)
+    return [j for j in jobs if j["Comment"] == comment]
+
+
+def assert_noticed_and_retried(cancelled, case, cluster_jobs):
+    """The cancelled job is read as failed (through vidlabel.slurm) within two status checks and its
+    retry completed."""
+    checks = status_checks_between(cancelled.lines, case.cancelled, case.noticed)
+    assert checks <= 2, f"{checks} status checks before the cancelled job {case.job} was noticed"
+    states = [j["State"] for j in attempts(cluster_jobs, case.job)]
+    assert re.fullmatch(r"CANCELLED by \d+", states[0]) and states[1:] == ["COMPLETED"], states
+    assert re.search(rf"SLURM job {case.job}: state 'CANCELLED by \d+' read as 'CANCELLED'", cancelled.run.output)
+    assert f"SLURM-job '{case.job}' failed, SLURM status is: 'CANCELLED'" in cancelled.run.output
+
+
+@slurm
+@pytest.mark.slow
+def test_scancel_of_a_pending_shard_job_is_noticed_and_retried(cancelled_shards):
+    assert cancelled_shards.run.proc.returncode == 0, cancelled_shards.run.output[-8000:]
+    assert_noticed_and_retried(cancelled_shards, cancelled_shards.pending, cancelled_shards.jobs)
+    cancelled = next(j for j in cancelled_shards.jobs if j["JobID"] == cancelled_shards.pending.job)
+    assert cancelled["AllocTRES"] == "", cancelled  # it was never given resources: it never ran
+
+
+@slurm
+@pytest.mark.slow
+def test_scancel_of_a_running_shard_job_is_noticed_and_the_retry_resumes(cancelled_shards, local_reference):
+    workdir, running = cancelled_shards.workdir, cancelled_shards.running
+    assert cancelled_shards.run.proc.returncode == 0, cancelled_shards.run.output[-8000:]
+    assert_noticed_and_retried(cancelled_shards, running, cancelled_shards.jobs)
+    assert (workdir / "slow-once" / "job").read_text().strip() == running.job  # the slow server was its own
+    assert running.journaled, "the running job had journaled nothing when it was cancelled"
+    # No request was answered twice: what the cancelled attempt journaled was not sent again.
+    completed = [e["request_id"] for e in read_request_log(workdir / "requests.jsonl")
+                 if e.get("event") == "completed" and e.get("status") == 200 and e.get("request_id")]
+    manifest_ids = {r["request_id"] for p in (workdir / "results" / "manifest").glob("shard-*.parquet")
+                    for r in pq.read_table(p).to_pylist()}
+    assert sorted(rid for rid in completed if rid in manifest_ids) == sorted(manifest_ids)
+    assert labels_by_post(workdir) == labels_by_post(local_reference)
+
+
+# Its one job waits until the file "go" exists.
+WAITING_SNAKEFILE = textwrap.dedent(r'''
+    rule all:
+        input:
+            "done.txt",
+
+    rule classify:
+        output:
+            "done.txt",
+        shell:
+            "until [ -e go ]; do sleep 0.2; done; echo $SLURM_JOB_ID > {output}"
+''')
+
+
+@pytest.fixture(scope="module")
+def killed_head(slurm_cluster, tmp_path_factory):
+    """The head Snakemake process is killed (SIGKILL) while its job runs; then the recovery that
+    docs/slurm.md describes: the same command (LockException), cancel the killed run's jobs
+    (its run ID is in its log), --unlock, the same command again."""
+    workdir = tmp_path_factory.mktemp("slurm-killed-head")
+    snakefile = workdir / "Snakefile"
+    snakefile.write_text(WAITING_SNAKEFILE)
+    profile = overlay_profile(slurm_cluster, workdir / "profile")
+    live = LiveRun(slurm_cluster, workdir, snakefile, profile)
+    try:
+        run_id = live.run_id()
+        live.wait_until(lambda: [s for _, s in queued(slurm_cluster, run_id).values()] == ["RUNNING"], "the job running")
+        os.kill(live.head_pid(), 9)
+        killed = live.finish(killed=True)
+    finally:
+        if live.proc.poll() is None:  # a failure before the kill: leave nothing behind
+            live.stop()
+    left = queued(slurm_cluster, run_id)
+    command = ["timeout", "-s", "KILL", "300", str(BIN / "snakemake"), "-s", str(snakefile), "-d", str(workdir),
+               "--profile", str(profile)]
+    locked = subprocess.run(command, cwd=workdir, capture_output=True, text=True, env=slurm_cluster.env())
+    # The recovery: the killed run's ID from its log; its jobs cancelled; then --unlock.
+    logged = re.findall(r"SLURM run ID: (\S+)", "".join(p.read_text() for p in (workdir / ".snakemake" / "log").glob("*.log")))
+    subprocess.run(["scancel", "--name", logged[-1]], env=slurm_cluster.env(), check=True)
+    deadline = time.monotonic() + 120
+    while queued(slurm_cluster, run_id):
+        assert time.monotonic() < deadline, "the killed run's job did not end after scancel"
+        time.sleep(0.2)
+    unlocked = subprocess.run([*command, "--unlock"], cwd=workdir, capture_output=True, text=True,
+                              env=slurm_cluster.env())
+    (workdir / "go").touch()
+    again = run_slurm(slurm_cluster, workdir, snakefile, profile)
+    return SimpleNamespace(workdir=workdir, killed=killed, left=left, locked=locked, logged=logged,
+                           unlocked=unlocked, again=again, jobs=sacct_jobs(slurm_cluster, again.run_id))
+
+
+@slurm
+def test_killed_head_leaves_a_lock_that_the_documented_unlock_clears(killed_head):
+    assert killed_head.killed.proc.returncode in (-9, 137)  # SIGKILL (`timeout` passes it on)
+    assert [state for _, state in killed_head.left.values()] == ["RUNNING"]  # its job outlived it
+    assert killed_head.locked.returncode != 0
+    locked_output = killed_head.locked.stdout + killed_head.locked.stderr
+    assert "LockException" in locked_output and "SLURM run ID" not in locked_output  # nothing submitted
+    assert killed_head.logged[-1] == killed_head.killed.run_id
+    assert killed_head.unlocked.returncode == 0, killed_head.unlocked.stderr[-4000:]
+    assert killed_head.again.proc.returncode == 0, killed_head.again.output[-6000:]
+    [job] = killed_head.jobs
+    assert job["State"] == "COMPLETED" and (killed_head.workdir / "done.txt").read_text().strip() == job["JobID"]
+    # The recovery is the one the documentation gives.
+    for doc in (REPO / "README.md", REPO / "docs" / "slurm.md"):
+        assert "snakemake --profile profiles/slurm --unlock" in doc.read_text(), doc
