@@ -55,7 +55,8 @@ def test_auto_picks_the_smallest_tensor_parallel_size_that_fits(model, n, memory
     assert "smallest tensor-parallel size that fits" in layout.reason
     assert layout.groups() == [tuple(str(i) for i in range(k * tensor, (k + 1) * tensor)) for k in range(data)]
     # The decision names its inputs.
-    assert f"{n} GPUs (CUDA_VISIBLE_DEVICES)" in layout.reason and "classify.gpu_memory_gib" in layout.reason
+    assert f"{n} GPUs (CUDA_VISIBLE_DEVICES: {','.join(str(i) for i in range(n))})" in layout.reason
+    assert "classify.gpu_memory_gib" in layout.reason
     assert "largest request 32768 tokens" in layout.reason
 
 

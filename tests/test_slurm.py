@@ -583,12 +583,21 @@ def test_e2e_results_equal_the_local_profile(slurm_e2e, local_reference):
 @slurm
 @pytest.mark.slow
 def test_server_media_threads_follow_the_cpus_granted(slurm_e2e):
-    """classify asks for 4 GPUs x cpus_per_gpu CPUs; the server decodes media on all but two."""
+    """classify asks for 4 GPUs x cpus_per_gpu CPUs; the server's API processes and their media
+    decoding threads share all but two of them."""
+    from vidlabel.server import CPUS_PER_API_SERVER, MAX_API_SERVERS, RESERVED_CPUS
+
     workdir, _, _ = slurm_e2e
     profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
     cpus = profile["set-resources"]["classify"]["cpus_per_gpu"] * profile["set-resources"]["classify"]["gpu"]
-    for log in sorted((workdir / "logs" / "classify").glob("server-*.log")):
-        assert f"media loading threads {cpus - 2}" in log.read_text(), log
+    api_servers = min(MAX_API_SERVERS, (cpus - RESERVED_CPUS) // CPUS_PER_API_SERVER)
+    logs = sorted((workdir / "logs" / "classify").glob("server-*.log"))
+    assert len(logs) == 2
+    for log in logs:
+        text = log.read_text()
+        assert f"media loading threads {(cpus - RESERVED_CPUS) // api_servers}," in text, log
+        assert f"API servers x {(cpus - RESERVED_CPUS) // api_servers} media threads" in \
+            (workdir / "logs" / "classify" / log.name.replace("server-", "shard-")).read_text()
 
 
 @slurm
@@ -1025,3 +1034,41 @@ def test_killed_head_leaves_a_lock_that_the_documented_unlock_clears(killed_head
     # The recovery is the one the documentation gives.
     for doc in (REPO / "README.md", REPO / "docs" / "slurm.md"):
         assert "snakemake --profile profiles/slurm --unlock" in doc.read_text(), doc
+
+
+@pytest.fixture(scope="module")
+def copies_run(slurm_cluster, demo_set, tmp_path_factory, local_reference):
+    """classify only (upstream results copied from the local reference), with a model that fits one
+    GPU: parallelism auto makes each 4-GPU shard job four server copies, one GPU each."""
+    workdir = prepared_workdir(
+        "slurm-copies", tmp_path_factory, demo_set, local_reference,
+        lambda wd: standin_command(sys.executable, wd / "requests.jsonl", *YES_IF, "--latency", "0.2"),
+        {"model": "standin-7B", "gpu_memory_gib": 80, "concurrency": 1})
+    profile = overlay_profile(slurm_cluster, workdir / "profile")
+    run = run_workflow(slurm_cluster, workdir, profile)
+    assert run.proc.returncode == 0, run.output[-8000:]
+    return workdir
+
+
+@slurm
+@pytest.mark.slow
+def test_each_server_copy_is_bound_to_its_own_granted_gpu(copies_run, local_reference):
+    workdir = copies_run
+    for shard in (0, 1):
+        job_log = (workdir / "logs" / "classify" / f"shard-{shard}.log").read_text()
+        granted = re.search(r"auto: tensor 1 x data 4 .*?4 GPUs \(CUDA_VISIBLE_DEVICES: ([\d,]+)\)", job_log)
+        assert granted, job_log[-3000:]
+        gpus = granted.group(1).split(",")
+        bound = []
+        for copy in range(4):
+            log = (workdir / "logs" / "classify" / f"server-{shard}.copy-{copy}.log").read_text()
+            found = re.findall(r"CUDA_VISIBLE_DEVICES (\S+?),", log)
+            assert len(found) == 1, log
+            bound.append(found[0])
+        # Four copies, one GPU each, together exactly the GPUs SLURM granted the job.
+        assert sorted(bound) == sorted(gpus) and len(set(bound)) == 4
+    # Requests were spread over the copies, and the results are those of the local profile.
+    servers = {e["pid"] for e in read_request_log(workdir / "requests.jsonl") if e["event"] == "completed"}
+    assert len(servers) == 8
+    assert labels_by_post(workdir) == labels_by_post(local_reference)
+

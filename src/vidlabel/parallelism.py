@@ -222,7 +222,7 @@ def choose_layout(config: dict, largest_request_tokens: int, environ=os.environ,
     ids = tuple(gpus) if gpus else ("0",)
     memory, memory_source = gpu_memory_gib(config)
     footprint = footprint or model_footprint(c["model"])
-    inputs = (f"{n} GPUs ({gpu_source}), {'%.1f GiB' % memory if memory else 'memory unknown'} per GPU "
+    inputs = (f"{n} GPUs ({gpu_source}: {','.join(ids)}), {'%.1f GiB' % memory if memory else 'memory unknown'} per GPU "
               f"({memory_source}), utilization {c['gpu_memory_utilization']:g}, largest request "
               f"{largest_request_tokens} tokens")
     if footprint is None or memory is None:
