@@ -4,6 +4,7 @@ endpoint health, adaptive concurrency; then the client against the stand-in with
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 import json
 import socket
 import sys
@@ -183,6 +184,17 @@ def test_deadline_follows_the_shards_pace_between_floor_and_ceiling():
     for _ in range(MIN_ANSWERS):
         off.answered(2.0, 1000)
     assert off.limit_s(1000) == 900
+
+
+def test_deadline_allows_for_the_requests_ahead_at_the_answer_rate():
+    d = Deadlines(ceiling_s=900, floor_s=1, adaptive=True)
+    for _ in range(MIN_ANSWERS):
+        d.answered(0.1, 1000)  # 0.1 ms per token: a 1,000-token request takes 0.1 s once served
+    d._answer_times = deque(float(t) for t in range(MIN_ANSWERS))  # the shard answers once a second
+    assert d.answer_rate() == pytest.approx(1.0)
+    assert d.limit_s(1000) == pytest.approx(FACTOR * 1.0)  # its own turn: 1 s at that rate
+    assert d.limit_s(1000, ahead=31) == pytest.approx(FACTOR * 32.0)  # behind 31 others: 32 s
+    assert d.limit_s(1000, ahead=10_000) == 900
 
 
 async def _hang(d: Deadlines, tokens: int, ep=None):
@@ -410,6 +422,23 @@ def test_hung_requests_are_cut_at_the_adaptive_deadline_not_the_ceiling(tmp_path
     cancelled = [e for e in events if e["event"] == "cancelled"]
     assert hung and len(cancelled) == len(hung)
     assert sum(r["attempts"] for r in recs) == 60 + len(hung)
+
+
+def test_a_queue_building_behind_the_first_answers_is_not_read_as_hangs(tmp_path, media):
+    """The first answers come back before any queue has formed; the later ones wait behind the
+    requests in flight (32 in flight, 2 at a time served). Their longer latency is the queue, not a
+    hang: no attempt may be cut (measured on a real vLLM: 64 in flight, cut at the deadline the first
+    answers suggested, fell to half the throughput of 32)."""
+    cfg = make_config(tmp_path, media, classify={"concurrency": 32, "request_timeout_s": 600,
+                                                 "deadline_floor_s": 0.3, "max_attempts": 6})
+    rows = _rows(cfg, media, 64)
+    for i, row in enumerate(rows):  # heaviest first, as the manifest orders a shard
+        row["est_prompt_tokens"] = 30_000 if i < 16 else 1_000
+    recs, events, _ = _run(cfg, tmp_path, rows, ("--slots", "2", "--latency", "0.1"))
+    assert all(r["status"] == "ok" for r in recs)
+    assert [e for e in events if e["event"] == "cancelled"] == []
+    assert sum(r["attempts"] for r in recs) == 64
+    assert max(r["latency_s"] for r in recs) > 10 * min(r["latency_s"] for r in recs)  # a queue did form
 
 
 def test_wrong_key_is_fatal_with_a_clear_message(tmp_path, media):

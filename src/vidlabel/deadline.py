@@ -1,10 +1,14 @@
 """How long one attempt may take, from the pace the shard has shown, and the stall detector.
 
-Deadline: an attempt may take FACTOR times its expected service time, never less than
+Deadline: an attempt may take FACTOR times its expected time, never less than
 ``classify.deadline_floor_s`` and never more than ``classify.request_timeout_s``. The expected time is
-the request's estimated tokens (``est_prompt_tokens`` + ``max_tokens``) times the seconds per token of
-the shard's recent answers (the QUANTILE of the last WINDOW answered attempts, so a slow minority does
-not read as a hang). Until MIN_ANSWERS answers have been seen, only ``request_timeout_s`` applies. An
+the larger of two: the request's estimated tokens (``est_prompt_tokens`` + ``max_tokens``) times the
+seconds per token of the shard's recent answers (the QUANTILE of the last WINDOW answered attempts,
+so a slow minority does not read as a hang), and the wait behind the attempts that were in flight
+when it was sent, at the rate the shard answers (Little's law). The second matters when a queue
+builds: a shard sorted heaviest first answers its first, big requests before any queue forms, and a
+small request sent later spends most of its time waiting, not being served (measured on a real vLLM:
+at 64 in flight, attempts cut on the first answers' pace halved the throughput of 32). Until MIN_ANSWERS answers have been seen, only ``request_timeout_s`` applies. An
 attempt already in flight follows the estimate as it moves (checked every CHECK_S), so a request that
 hung before the shard had a pace is still cut once it has one.
 
@@ -65,13 +69,14 @@ class ServiceTime:
 class _Attempt:
     """One attempt in flight: cancels its task when expired; ``with`` turns that into Expired."""
 
-    __slots__ = ("owner", "task", "started", "tokens", "endpoint", "handle", "expiry")
+    __slots__ = ("owner", "task", "started", "tokens", "ahead", "endpoint", "handle", "expiry")
 
     def __init__(self, owner: "Deadlines", tokens: int, endpoint: Any):
         self.owner = owner
         self.task = asyncio.current_task()
         self.started = time.monotonic()
         self.tokens = tokens
+        self.ahead = owner.in_flight  # attempts already at the servers when this one is sent
         self.endpoint = endpoint
         self.expiry: Expired | None = None
         ceiling = owner.ceiling_s
@@ -108,6 +113,7 @@ class Deadlines:
         self.adaptive = adaptive
         self.service = ServiceTime()
         self.last_answer = time.monotonic()
+        self._answer_times: deque[float] = deque(maxlen=WINDOW)
         self._running: set[_Attempt] = set()
 
     @property
@@ -121,13 +127,25 @@ class Deadlines:
     def answered(self, seconds: float, tokens: int) -> None:
         self.service.observe(seconds, tokens)
         self.last_answer = time.monotonic()
+        self._answer_times.append(self.last_answer)
 
-    def limit_s(self, tokens: int) -> float:
-        """The deadline of an attempt of ``tokens`` estimated tokens, as things stand."""
+    def answer_rate(self) -> float | None:
+        """Answers per second over the last WINDOW answers."""
+        times = self._answer_times
+        if len(times) < MIN_ANSWERS or times[-1] <= times[0]:
+            return None
+        return (len(times) - 1) / (times[-1] - times[0])
+
+    def limit_s(self, tokens: int, ahead: int = 0) -> float:
+        """The deadline of an attempt of ``tokens`` estimated tokens sent behind ``ahead`` others."""
         per_token = self.service.per_token() if self.adaptive else None
         if per_token is None:
             return self.ceiling_s
-        return min(self.ceiling_s, max(self.floor_s, FACTOR * per_token * tokens))
+        expected = per_token * tokens
+        rate = self.answer_rate()
+        if rate:
+            expected = max(expected, (ahead + 1) / rate)
+        return min(self.ceiling_s, max(self.floor_s, FACTOR * expected))
 
     def expire(self, which: Callable[[_Attempt], bool], kind: str, message: str) -> int:
         """Cut the attempts in flight that ``which`` selects; how many."""
@@ -141,13 +159,13 @@ class Deadlines:
             return
         now = time.monotonic()
         for a in list(self._running):
-            limit = self.limit_s(a.tokens)
+            limit = self.limit_s(a.tokens, a.ahead)
             if now - a.started > limit:
                 a.expire("timeout", f"no answer within {limit:.0f} s ({FACTOR}x the time the shard's "
                                     f"answers suggest for ~{a.tokens} tokens, classify.adaptive_deadline)")
         if not self._running:
             return
-        stall_after = min(self.limit_s(a.tokens) for a in self._running)
+        stall_after = min(self.limit_s(a.tokens, a.ahead) for a in self._running)
         quiet = now - self.last_answer
         if quiet > stall_after:
             n = self.expire(lambda a: a.endpoint.healthy and now - a.started > stall_after, "timeout",
