@@ -15,8 +15,8 @@ instead, to try the script without a GPU). Two steps:
            stops its own server. Variants are dash-joined words: ``default``, ``transcoded``, ``apiN``
            (API servers), ``concN`` (client concurrency per copy), ``tpN`` / ``dpN`` (tensor or data
            parallel instead of ``auto``), ``dpvllm`` (copies served by vLLM's --data-parallel-size),
-           ``eager`` (--enforce-eager), ``mbtN`` (--max-num-batched-tokens N); ``@anything`` only
-           names the run (``default-@2gpu``). A rerun of the same workdir resumes unfinished variants
+           ``eager`` (--enforce-eager), ``mbtN`` (--max-num-batched-tokens N); ``@anything`` at the end
+           only names the run (``default-@72b-4gpu``). A rerun of the same workdir resumes unfinished variants
            from their journals and skips finished ones.
 
 Printed per variant: requests by status and error kind; estimated / served prompt tokens (min,
@@ -170,7 +170,7 @@ def prepare(args, mode: str) -> Path:
 
 def variant_config(args, name: str) -> tuple[str, dict]:
     """(media mode, config) of a variant name such as ``api1-transcoded``."""
-    words = name.split("-")
+    words = name.split("@", 1)[0].split("-")  # what follows @ only names the run
     mode = "transcoded" if "transcoded" in words else "raw"
     config = base_config(args, mode)
     c = config["classify"]
@@ -189,7 +189,7 @@ def variant_config(args, name: str) -> tuple[str, dict]:
             c["data_parallel_backend"] = "vllm"
         elif word == "eager":
             c["server_args"] = f"{c['server_args']} --enforce-eager".strip()
-        elif word not in ("default", "transcoded", "raw") and not word.startswith("@"):
+        elif word not in ("default", "transcoded", "raw", ""):
             raise SystemExit(f"unknown variant word {word!r} in {name!r}")
     return mode, config
 

@@ -195,6 +195,8 @@ def test_progress_line_says_stalled_rather_than_an_eta_while_nothing_finishes():
 
     progress = _Progress(total=10, already=2, shard=3, interval_s=10)
     progress.in_flight = lambda: 4
+    progress.last_finish -= 25  # nothing has answered yet this run: a slow start, not a stall
+    assert progress.line().endswith("first answers pending for 25 s (4 in flight)")
     progress.finished({"status": "ok", "prompt_tokens": 500, "completion_tokens": 9})
     assert re.search(r"3/10 done .* ETA [\d.]+ min$", progress.line())
     progress.last_finish -= 30

@@ -89,7 +89,9 @@ def test_unknown_size_or_memory_uses_every_gpu_for_one_copy(monkeypatch, tmp_pat
     layout = choose_layout(config(QWEN_7B, None), 1000, gpus(4))
     assert (layout.tensor, layout.data) == (4, 1) and "GPU memory unknown" in layout.reason
     # A size in the model's name is the last resort.
-    assert choose_layout(config("org/Some-VL-7B", 80.0), 1000, gpus(4)).data == 4
+    by_name = choose_layout(config("org/Some-VL-7B", 80.0), 1000, gpus(4))
+    assert by_name.data == 4 and "KV size unknown (size in the model name" in by_name.reason
+    assert "nan" not in by_name.reason
 
 
 def test_model_files_from_the_hugging_face_cache_and_weights_from_the_index(monkeypatch, tmp_path):

@@ -146,7 +146,10 @@ class _Progress:
         rate = s.done / elapsed
         done = self.already + s.done
         quiet = now - self.last_finish
-        if self.in_flight() and quiet >= self.interval_s:
+        if self.in_flight() and quiet >= self.interval_s and not s.done:
+            # A large model's first answers take longer than a progress interval: not a stall yet.
+            eta = f"first answers pending for {quiet:.0f} s ({self.in_flight()} in flight)"
+        elif self.in_flight() and quiet >= self.interval_s:
             # An ETA from the average rate would keep counting down while nothing finishes.
             eta = f"stalled for {quiet:.0f} s ({self.in_flight()} in flight, none finished)"
         else:

@@ -230,8 +230,9 @@ def choose_layout(config: dict, largest_request_tokens: int, environ=os.environ,
         return Layout(n, 1, ids, f"auto: {why}, one copy over every GPU: tensor {n} x data 1; {inputs}")
     candidates = [t for t in range(1, n + 1) if n % t == 0
                   and (footprint.attention_heads is None or footprint.attention_heads % t == 0)]
-    weights = f"weights {footprint.weight_bytes / GIB:.1f} GiB, KV {footprint.kv_bytes_per_token / 1024:.0f} KiB/token " \
-              f"({footprint.source})"
+    kv = ("KV size unknown" if math.isnan(footprint.kv_bytes_per_token)
+          else f"KV {footprint.kv_bytes_per_token / 1024:.0f} KiB/token")
+    weights = f"weights {footprint.weight_bytes / GIB:.1f} GiB, {kv} ({footprint.source})"
     for tensor in candidates:
         if fits(footprint, tensor, memory, c["gpu_memory_utilization"], largest_request_tokens):
             return Layout(tensor, n // tensor, ids,
