@@ -98,27 +98,57 @@ def test_backoff_is_full_jitter_capped_and_honours_retry_after():
 
 
 def test_scattered_503s_leave_the_limit_alone():
-    lim = InFlightLimit(16)
-    for i in range(200):  # one in five refused, whatever the number at the server (2..16)
-        n = 2 + (7 * i) % 15
-        lim.refused(n) if i % 5 == 0 else lim.answered(n)
-    assert lim.limit == 16
+    async def scenario():
+        lim = InFlightLimit(16)
+        sent = [await lim.send() for _ in range(16)]  # the first burst, n = 1..16
+        for n in (3, 9, 14):  # refused at once while the others are still at the server
+            lim.returned(n)
+            lim.refused(n)
+        assert lim.limit == 16
+        for i in range(200):  # then one in five refused, whatever the number at the server
+            n = await lim.send()
+            lim.returned(n)
+            lim.refused(n) if i % 5 == 0 else lim.answered(n)
+        assert lim.limit == 16 and len(sent) == 16
+    asyncio.run(scenario())
 
 
 def test_admission_503s_lower_the_limit_to_what_the_server_takes_and_answers_raise_it_again():
-    lim = InFlightLimit(16)
-    lim.refused(12)
-    assert lim.limit == 16  # no answer yet: no evidence either way
-    for n in range(1, 7):
-        lim.answered(n)  # answered with up to 6 at the server ...
-    for n in range(16, 6, -1):
-        lim.refused(n)  # ... refused from 7 up: it is full at 7
-    assert lim.limit == 6
-    for _ in range(7):
-        lim.answered(6)
-    assert lim.limit == 7  # about one slot back per limit's worth of answers
-    lim.refused(8)
-    assert lim.limit == 7  # refused at 8, but answered at 8 or more as often: no evidence
+    async def scenario():
+        lim = InFlightLimit(16)
+        sent = [await lim.send() for _ in range(16)]
+        for n in sent[6:]:  # the server takes 6 and refuses the 7th to 16th at once
+            lim.returned(n)
+            lim.refused(n)
+        assert lim.limit <= 15
+        retry = await lim.send()  # a retry, alone: refused again at 7
+        lim.returned(retry)
+        lim.refused(retry)
+        assert (retry, lim.limit) == (7, 6)
+        for _ in range(7):  # answers: about one slot back per limit's worth
+            lim.returned(6)
+            lim.answered(6)
+            await lim.send()
+        assert lim.limit == 7
+        probe = await lim.send()
+        lim.returned(probe)
+        lim.refused(probe)  # the probe at 7 is refused: back to 6
+        assert (probe, lim.limit) == (7, 6)
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_waiter_for_a_place_at_the_server_leaves_quietly():
+    async def scenario():
+        lim = InFlightLimit(1)
+        n = await lim.send()
+        waiter = asyncio.create_task(lim.send())
+        await asyncio.sleep(0)
+        waiter.cancel()
+        lim.returned(n)  # frees the place while the cancelled waiter has not run yet
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert lim.at_server == 0 and await lim.send() == 1
+    asyncio.run(scenario())
 
 
 def test_limit_is_a_semaphore_that_follows_its_ceiling():

@@ -163,7 +163,7 @@ class ClassifyClient:
         try:
             ep = self.endpoints.pick()
         except NoLiveEndpoint:
-            self.limit.returned()
+            self.limit.returned(n)
             raise
         headers = {**ep.headers, "X-Request-Id": row["request_id"]}
         ep.outstanding += 1
@@ -182,7 +182,7 @@ class ClassifyClient:
             return _Outcome(kind="connection", transient=True, message=f"{ep.base_url}: {describe(exc)}")
         finally:
             ep.outstanding -= 1
-            self.limit.returned()
+            self.limit.returned(n)
         if status != 200:
             message = response_message(data)
             fatal = fatal_error(ep.base_url, status, message)
