@@ -103,7 +103,7 @@ def test_scattered_503s_leave_the_limit_alone():
         sent = [await lim.send() for _ in range(16)]  # the first burst, n = 1..16
         for n in (3, 9, 14):  # refused at once while the others are still at the server
             lim.returned(n)
-            lim.refused(n)
+            assert lim.refused(n) is False  # no evidence of load: no back-off either
         assert lim.limit == 16
         for i in range(200):  # then one in five refused, whatever the number at the server
             n = await lim.send()
@@ -117,13 +117,13 @@ def test_admission_503s_lower_the_limit_to_what_the_server_takes_and_answers_rai
     async def scenario():
         lim = InFlightLimit(16)
         sent = [await lim.send() for _ in range(16)]
-        for n in sent[6:]:  # the server takes 6 and refuses the 7th to 16th at once
+        for n in sent[6:]:  # the server takes 6 and refuses the 7th to 16th at once, in that order
             lim.returned(n)
             lim.refused(n)
-        assert lim.limit <= 15
-        retry = await lim.send()  # a retry, alone: refused again at 7
+        assert lim.limit == 16  # each refusal alone at its level: no evidence yet
+        retry = await lim.send()  # a retry: refused again at 7, with ten refusals at 7 or more
         lim.returned(retry)
-        lim.refused(retry)
+        assert lim.refused(retry) is True  # the server is full at 7: back off
         assert (retry, lim.limit) == (7, 6)
         for _ in range(7):  # answers: about one slot back per limit's worth
             lim.returned(6)
@@ -489,8 +489,10 @@ def test_refused_connections_are_connection_errors_and_traffic_moves_to_the_live
     assert len(retried) == dead.sent  # each request the dead endpoint got cost one attempt, no more
 
 
-def test_scattered_503s_cost_one_back_off_each_and_leave_the_limit_alone(tmp_path, media):
-    cfg = make_config(tmp_path, media, classify={"concurrency": 8, "max_attempts": 8})
+def test_scattered_503s_cost_one_round_trip_each_and_leave_the_limit_alone(tmp_path, media):
+    # A 2 s back-off would show in the gaps: a scattered refusal is sent again at once.
+    cfg = make_config(tmp_path, media, classify={"concurrency": 8, "max_attempts": 8,
+                                                 "backoff_initial_s": 2, "backoff_max_s": 2})
     recs, events, client = _run(cfg, tmp_path, _rows(cfg, media, 120),
                                 ("--random-503", "0.2", "--seed", "5", "--latency", "0.05"))
     assert all(r["status"] == "ok" for r in recs)
@@ -498,6 +500,10 @@ def test_scattered_503s_cost_one_back_off_each_and_leave_the_limit_alone(tmp_pat
     assert len(refused) > 10
     assert sum(r["attempts"] for r in recs) == 120 + len(refused)
     assert client.limit.limit == 8
+    received = sorted((e for e in events if e["event"] == "received"), key=lambda e: e["t"])
+    gaps = [next(r["t"] for r in received if r["request_id"] == e["request_id"] and r["t"] > e["t"]) - e["t"]
+            for e in refused]
+    assert sorted(gaps)[len(gaps) // 2] < 0.2
 
 
 def test_admission_503s_lower_the_limit_to_what_the_server_admits(tmp_path, media):

@@ -89,6 +89,7 @@ class _Outcome:
     http_status: int | None = None
     message: str | None = None
     retry_after: float | None = None
+    overload: bool = False  # a refusal that shows the server full (limit.py)
 
 
 class ClassifyClient:
@@ -189,10 +190,9 @@ class ClassifyClient:
             if fatal is not None:
                 raise fatal
             kind, transient = classify_error(status, message)
-            if kind == "server_overloaded":
-                self.limit.refused(n)
+            overload = kind == "server_overloaded" and self.limit.refused(n)
             return _Outcome(kind=kind, transient=transient, http_status=status, message=message,
-                            retry_after=retry_after_s(resp.headers))
+                            retry_after=retry_after_s(resp.headers), overload=overload)
         self.limit.answered(n)
         self.deadlines.answered(time.monotonic() - t0, tokens)
         try:
@@ -226,6 +226,7 @@ class ClassifyClient:
         max_tokens = s.max_tokens
         tokens = int(row.get("est_prompt_tokens") or 0) + s.max_tokens
         transient_attempts = 0
+        last_kind = None
         while True:
             self._check_stop()
             t0 = time.time()
@@ -250,8 +251,13 @@ class ClassifyClient:
                 rec["retryable"] = True
                 rec["error"] = f"{outcome.message} (gave up after {transient_attempts} attempts)"
                 return rec
-            await self._sleep_or_stop(backoff_s(transient_attempts, s.backoff_initial_s, s.backoff_max_s,
-                                                outcome.retry_after))
+            # A scattered 503 (no load shown, no Retry-After) is sent again at once, the first time.
+            scattered = (outcome.kind == "server_overloaded" and not outcome.overload
+                         and outcome.retry_after is None and last_kind != "server_overloaded")
+            last_kind = outcome.kind
+            if not scattered:
+                await self._sleep_or_stop(backoff_s(transient_attempts, s.backoff_initial_s, s.backoff_max_s,
+                                                    outcome.retry_after))
 
     async def _sleep_or_stop(self, delay: float) -> None:
         if delay <= 0:

@@ -11,12 +11,15 @@ The limit moves below its ceiling (``classify.concurrency``, or what adaptive co
 
 - every answer raises it by 1/limit, i.e. one slot per round trip of answers, up to the ceiling;
 - a refusal (503 or 429) of an attempt sent while n attempts were at the server lowers it to n - 1
-  when attempts sent with n or more at the server were refused more often than they were taken,
-  counting the recent outcomes (the last 2 x ceiling answers and refusals) and the attempts still at
-  the server (a refusal comes back at once, so those were taken). Then the server is full at n
-  (vLLM's admission 503 under ``--max-num-queued-reqs``) and the client stops offering n. Scattered
-  503s (a proxy, a fault) hit every level alike, are outnumbered by what is taken, and cost only
-  their own back-off.
+  when at least a third (and at least MIN_REFUSALS) of the attempts sent with n or more at the
+  server were refused, counting the recent outcomes (the last 2 x ceiling answers and refusals) and
+  the attempts still at the server (a refusal comes back at once, so those were taken). Then the server is full at n (vLLM's
+  admission 503 under ``--max-num-queued-reqs``; answers still on their way make the client count a
+  few more at the server than it has, so the boundary is not sharp) and the client stops offering
+  n; the refused request waits out its back-off. Scattered 503s (a proxy, a fault, 20 % of them)
+  hit every level alike and stay below a third: such a refusal says nothing about load, and the
+  client sends the request again at once (its first refusal in a row, unless the server asked for a
+  Retry-After), so it costs one round trip.
 
 A multiplicative decrease per refusal (TCP's) would read 20 % scattered 503s as congestion and
 halve the limit every round trip.
@@ -27,6 +30,8 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter, deque
+
+MIN_REFUSALS = 3  # fewer refusals at a level are no evidence that the server is full there
 
 
 def backoff_s(attempt: int, initial_s: float, max_s: float, retry_after: float | None) -> float:
@@ -120,10 +125,13 @@ class InFlightLimit:
             self._window = min(float(self.ceiling), self._window + 1 / self._window)
             self._wake()
 
-    def refused(self, n: int) -> None:
+    def refused(self, n: int) -> bool:
+        """Record a refusal; True when it shows the server full at n (the limit is now below n)."""
         self._outcomes.append((n, True))
         refusals = sum(1 for m, refused in self._outcomes if refused and m >= n)
         taken = sum(1 for m, refused in self._outcomes if not refused and m >= n)
         taken += sum(count for m, count in self._levels.items() if m >= n)
-        if refusals > taken:
-            self._window = min(self._window, float(max(1, n - 1)))
+        if refusals < MIN_REFUSALS or 2 * refusals <= taken:
+            return False
+        self._window = min(self._window, float(max(1, n - 1)))
+        return True
