@@ -506,6 +506,17 @@ def test_scattered_503s_cost_one_round_trip_each_and_leave_the_limit_alone(tmp_p
     assert sorted(gaps)[len(gaps) // 2] < 0.2
 
 
+def test_a_scattered_503_is_sent_again_at_once_without_spending_an_attempt(tmp_path, media):
+    cfg = make_config(tmp_path, media, classify={"concurrency": 1, "max_attempts": 1, "backoff_initial_s": 30})
+    # The first video request (chat request 2, after the smoke request) is refused once.
+    recs, events, _ = _run(cfg, tmp_path, _rows(cfg, media, 3), ("--storm-503", "1:1"))
+    assert [r["status"] for r in recs] == ["ok"] * 3
+    assert sorted(r["attempts"] for r in recs) == [1, 1, 2]  # with max_attempts 1
+    refused = next(e for e in events if e["event"] == "completed" and e["status"] == 503)
+    resent = next(e for e in events if e["event"] == "received" and e["t"] > refused["t"])
+    assert resent["request_id"] == refused["request_id"] and resent["t"] - refused["t"] < 1  # no back-off
+
+
 def test_admission_503s_lower_the_limit_to_what_the_server_admits(tmp_path, media):
     # 2 running + 1 waiting: the stand-in refuses the 4th request at it, as vLLM's admission control does.
     cfg = make_config(tmp_path, media, classify={"concurrency": 12, "max_attempts": 10,

@@ -105,12 +105,13 @@ class ClassifyClient:
         self.stop_event = stop_event or asyncio.Event()
         self.on_failure = on_failure
         self.failure: NoLiveEndpoint | None = None
-        top = s.adaptive_ceiling if s.adaptive else s.concurrency
-        self.limit = InFlightLimit(max(s.adaptive_floor, min(s.concurrency, top)) if s.adaptive else top)
+        # Adaptive concurrency starts from classify.concurrency and moves between floor and ceiling.
+        start = max(s.adaptive_floor, min(s.concurrency, s.adaptive_ceiling)) if s.adaptive else s.concurrency
+        self.limit = InFlightLimit(start)
         self.deadlines = Deadlines(s.request_timeout_s, s.deadline_floor_s, s.adaptive_deadline)
         self.endpoints = Endpoints(endpoints, s.health_interval_s, self._endpoint_down, self._all_down)
         self.limit_history: list[tuple[float, int]] = []
-        self._connections = max(s.concurrency, top) + 8
+        self._connections = max(s.concurrency, s.adaptive_ceiling if s.adaptive else 0) + 8
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task] = []
         # The parts of the body that are the same for every request, encoded once.
@@ -237,7 +238,7 @@ class ClassifyClient:
             rec["finished_at"] = time.time()
             rec["latency_s"] = rec["finished_at"] - t0
             if outcome.completion is not None:
-                if self._fill_from_completion(rec, outcome.completion) or max_tokens > s.max_tokens:
+                if fill_from_answer(rec, outcome.completion, s.questions) or max_tokens > s.max_tokens:
                     return rec
                 max_tokens = s.max_tokens * TRUNCATION_TOKEN_FACTOR
                 continue
@@ -246,18 +247,20 @@ class ClassifyClient:
             if not outcome.transient:
                 return rec
             self._check_stop()  # the server is going away: this error says nothing about the request
+            # A scattered 503 (no load shown, no Retry-After) is sent again at once, the first time in
+            # a row, and costs nothing from the budget: the next refusal in a row backs off and counts.
+            scattered = (outcome.kind == "server_overloaded" and not outcome.overload
+                         and outcome.retry_after is None and last_kind != "server_overloaded")
+            last_kind = outcome.kind
+            if scattered:
+                continue
             transient_attempts += 1
             if transient_attempts >= s.max_attempts:
                 rec["retryable"] = True
                 rec["error"] = f"{outcome.message} (gave up after {transient_attempts} attempts)"
                 return rec
-            # A scattered 503 (no load shown, no Retry-After) is sent again at once, the first time.
-            scattered = (outcome.kind == "server_overloaded" and not outcome.overload
-                         and outcome.retry_after is None and last_kind != "server_overloaded")
-            last_kind = outcome.kind
-            if not scattered:
-                await self._sleep_or_stop(backoff_s(transient_attempts, s.backoff_initial_s, s.backoff_max_s,
-                                                    outcome.retry_after))
+            await self._sleep_or_stop(backoff_s(transient_attempts, s.backoff_initial_s, s.backoff_max_s,
+                                                outcome.retry_after))
 
     async def _sleep_or_stop(self, delay: float) -> None:
         if delay <= 0:
@@ -268,24 +271,25 @@ class ClassifyClient:
             return
         self._check_stop()
 
-    def _fill_from_completion(self, rec: dict, completion: dict) -> bool:
-        """Record a 200 answer; False when it was truncated and may be retried with more tokens."""
-        choice = completion["choices"][0]
-        text = (choice.get("message") or {}).get("content") or ""
-        usage = completion.get("usage") or {}
-        rec.update(http_status=200, finish_reason=choice.get("finish_reason"), raw_text=text,
-                   prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens"))
-        if rec["finish_reason"] == "length":
-            rec.update(status="error", error_kind="truncated", answers=None,
-                       error=f"answer cut at max_tokens ({rec['completion_tokens']} tokens)")
-            return False
-        try:
-            rec["answers"] = parse_answers(text, self.settings.questions)
-        except ValueError as exc:
-            rec.update(status="error", error_kind="invalid_output", error=str(exc), answers=None)
-            return True
-        rec.update(status="ok", error_kind=None, error=None)
+
+def fill_from_answer(rec: dict, completion: dict, questions: list[dict[str, Any]]) -> bool:
+    """Record a 200 answer in ``rec``; False when it was truncated and may be retried with more tokens."""
+    choice = completion["choices"][0]
+    text = (choice.get("message") or {}).get("content") or ""
+    usage = completion.get("usage") or {}
+    rec.update(http_status=200, finish_reason=choice.get("finish_reason"), raw_text=text,
+               prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens"))
+    if rec["finish_reason"] == "length":
+        rec.update(status="error", error_kind="truncated", answers=None,
+                   error=f"answer cut at max_tokens ({rec['completion_tokens']} tokens)")
+        return False
+    try:
+        rec["answers"] = parse_answers(text, questions)
+    except ValueError as exc:
+        rec.update(status="error", error_kind="invalid_output", error=str(exc), answers=None)
         return True
+    rec.update(status="ok", error_kind=None, error=None)
+    return True
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:
