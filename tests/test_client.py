@@ -99,27 +99,57 @@ def test_backoff_is_full_jitter_capped_and_honours_retry_after():
 
 
 def test_scattered_503s_leave_the_limit_alone():
-    lim = InFlightLimit(16)
-    for i in range(200):  # one in five refused, whatever the number at the server (2..16)
-        n = 2 + (7 * i) % 15
-        lim.refused(n) if i % 5 == 0 else lim.answered(n)
-    assert lim.limit == 16
+    async def scenario():
+        lim = InFlightLimit(16)
+        sent = [await lim.send() for _ in range(16)]  # the first burst, n = 1..16
+        for n in (3, 9, 14):  # refused at once while the others are still at the server
+            lim.returned(n)
+            assert lim.refused(n) is False  # no evidence of load: no back-off either
+        assert lim.limit == 16
+        for i in range(200):  # then one in five refused, whatever the number at the server
+            n = await lim.send()
+            lim.returned(n)
+            lim.refused(n) if i % 5 == 0 else lim.answered(n)
+        assert lim.limit == 16 and len(sent) == 16
+    asyncio.run(scenario())
 
 
 def test_admission_503s_lower_the_limit_to_what_the_server_takes_and_answers_raise_it_again():
-    lim = InFlightLimit(16)
-    lim.refused(12)
-    assert lim.limit == 16  # no answer yet: no evidence either way
-    for n in range(1, 7):
-        lim.answered(n)  # answered with up to 6 at the server ...
-    for n in range(16, 6, -1):
-        lim.refused(n)  # ... refused from 7 up: it is full at 7
-    assert lim.limit == 6
-    for _ in range(7):
-        lim.answered(6)
-    assert lim.limit == 7  # about one slot back per limit's worth of answers
-    lim.refused(8)
-    assert lim.limit == 7  # refused at 8, but answered at 8 or more as often: no evidence
+    async def scenario():
+        lim = InFlightLimit(16)
+        sent = [await lim.send() for _ in range(16)]
+        for n in sent[6:]:  # the server takes 6 and refuses the 7th to 16th at once, in that order
+            lim.returned(n)
+            lim.refused(n)
+        assert lim.limit == 16  # each refusal alone at its level: no evidence yet
+        retry = await lim.send()  # a retry: refused again at 7, with ten refusals at 7 or more
+        lim.returned(retry)
+        assert lim.refused(retry) is True  # the server is full at 7: back off
+        assert (retry, lim.limit) == (7, 6)
+        for _ in range(7):  # answers: about one slot back per limit's worth
+            lim.returned(6)
+            lim.answered(6)
+            await lim.send()
+        assert lim.limit == 7
+        probe = await lim.send()
+        lim.returned(probe)
+        lim.refused(probe)  # the probe at 7 is refused: back to 6
+        assert (probe, lim.limit) == (7, 6)
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_waiter_for_a_place_at_the_server_leaves_quietly():
+    async def scenario():
+        lim = InFlightLimit(1)
+        n = await lim.send()
+        waiter = asyncio.create_task(lim.send())
+        await asyncio.sleep(0)
+        waiter.cancel()
+        lim.returned(n)  # frees the place while the cancelled waiter has not run yet
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert lim.at_server == 0 and await lim.send() == 1
+    asyncio.run(scenario())
 
 
 def test_limit_is_a_semaphore_that_follows_its_ceiling():
@@ -488,8 +518,10 @@ def test_refused_connections_are_connection_errors_and_traffic_moves_to_the_live
     assert len(retried) == dead.sent  # each request the dead endpoint got cost one attempt, no more
 
 
-def test_scattered_503s_cost_one_back_off_each_and_leave_the_limit_alone(tmp_path, media):
-    cfg = make_config(tmp_path, media, classify={"concurrency": 8, "max_attempts": 8})
+def test_scattered_503s_cost_one_round_trip_each_and_leave_the_limit_alone(tmp_path, media):
+    # A 2 s back-off would show in the gaps: a scattered refusal is sent again at once.
+    cfg = make_config(tmp_path, media, classify={"concurrency": 8, "max_attempts": 8,
+                                                 "backoff_initial_s": 2, "backoff_max_s": 2})
     recs, events, client = _run(cfg, tmp_path, _rows(cfg, media, 120),
                                 ("--random-503", "0.2", "--seed", "5", "--latency", "0.05"))
     assert all(r["status"] == "ok" for r in recs)
@@ -497,6 +529,21 @@ def test_scattered_503s_cost_one_back_off_each_and_leave_the_limit_alone(tmp_pat
     assert len(refused) > 10
     assert sum(r["attempts"] for r in recs) == 120 + len(refused)
     assert client.limit.limit == 8
+    received = sorted((e for e in events if e["event"] == "received"), key=lambda e: e["t"])
+    gaps = [next(r["t"] for r in received if r["request_id"] == e["request_id"] and r["t"] > e["t"]) - e["t"]
+            for e in refused]
+    assert sorted(gaps)[len(gaps) // 2] < 0.2
+
+
+def test_a_scattered_503_is_sent_again_at_once_without_spending_an_attempt(tmp_path, media):
+    cfg = make_config(tmp_path, media, classify={"concurrency": 1, "max_attempts": 1, "backoff_initial_s": 30})
+    # The first video request (chat request 2, after the smoke request) is refused once.
+    recs, events, _ = _run(cfg, tmp_path, _rows(cfg, media, 3), ("--storm-503", "1:1"))
+    assert [r["status"] for r in recs] == ["ok"] * 3
+    assert sorted(r["attempts"] for r in recs) == [1, 1, 2]  # with max_attempts 1
+    refused = next(e for e in events if e["event"] == "completed" and e["status"] == 503)
+    resent = next(e for e in events if e["event"] == "received" and e["t"] > refused["t"])
+    assert resent["request_id"] == refused["request_id"] and resent["t"] - refused["t"] < 1  # no back-off
 
 
 def test_admission_503s_lower_the_limit_to_what_the_server_admits(tmp_path, media):

@@ -425,6 +425,17 @@ def test_lone_endpoint_crash_stops_the_job_quickly_and_the_rerun_completes(make_
     shard.check_journal_and_resends()
 
 
+def test_endpoint_busy_at_the_start_is_asked_again(make_shard, monkeypatch):
+    shard = make_shard(6)
+    # Chat requests 2 and 3 (the job's smoke request and its first retry) answer 503.
+    busy = _endpoint(shard, shard.config("--storm-503", "1:2"), "a", "k")
+    try:
+        shard.run(_use_endpoints(shard.config(), monkeypatch, "k", busy))
+    finally:
+        busy.stop()
+    assert all(r["status"] == "ok" for r in shard.check_complete_labels().values())
+
+
 def test_wrong_api_key_stops_the_job_at_once_with_a_clear_message(make_shard, monkeypatch):
     shard = make_shard(6)
     external = _endpoint(shard, shard.config(), "a", "the-key")

@@ -89,6 +89,7 @@ class _Outcome:
     http_status: int | None = None
     message: str | None = None
     retry_after: float | None = None
+    overload: bool = False  # a refusal that shows the server full (limit.py)
 
 
 class ClassifyClient:
@@ -104,12 +105,13 @@ class ClassifyClient:
         self.stop_event = stop_event or asyncio.Event()
         self.on_failure = on_failure
         self.failure: NoLiveEndpoint | None = None
-        top = s.adaptive_ceiling if s.adaptive else s.concurrency
-        self.limit = InFlightLimit(max(s.adaptive_floor, min(s.concurrency, top)) if s.adaptive else top)
+        # Adaptive concurrency starts from classify.concurrency and moves between floor and ceiling.
+        start = max(s.adaptive_floor, min(s.concurrency, s.adaptive_ceiling)) if s.adaptive else s.concurrency
+        self.limit = InFlightLimit(start)
         self.deadlines = Deadlines(s.request_timeout_s, s.deadline_floor_s, s.adaptive_deadline)
         self.endpoints = Endpoints(endpoints, s.health_interval_s, self._endpoint_down, self._all_down)
         self.limit_history: list[tuple[float, int]] = []
-        self._connections = max(s.concurrency, top) + 8
+        self._connections = max(s.concurrency, s.adaptive_ceiling if s.adaptive else 0) + 8
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task] = []
         # The parts of the body that are the same for every request, encoded once.
@@ -163,7 +165,7 @@ class ClassifyClient:
         try:
             ep = self.endpoints.pick()
         except NoLiveEndpoint:
-            self.limit.returned()
+            self.limit.returned(n)
             raise
         headers = {**ep.headers, "X-Request-Id": row["request_id"]}
         ep.outstanding += 1
@@ -182,17 +184,16 @@ class ClassifyClient:
             return _Outcome(kind="connection", transient=True, message=f"{ep.base_url}: {describe(exc)}")
         finally:
             ep.outstanding -= 1
-            self.limit.returned()
+            self.limit.returned(n)
         if status != 200:
             message = response_message(data)
             fatal = fatal_error(ep.base_url, status, message)
             if fatal is not None:
                 raise fatal
             kind, transient = classify_error(status, message)
-            if kind == "server_overloaded":
-                self.limit.refused(n)
+            overload = kind == "server_overloaded" and self.limit.refused(n)
             return _Outcome(kind=kind, transient=transient, http_status=status, message=message,
-                            retry_after=retry_after_s(resp.headers))
+                            retry_after=retry_after_s(resp.headers), overload=overload)
         self.limit.answered(n)
         self.deadlines.answered(time.monotonic() - t0, tokens)
         try:
@@ -226,6 +227,7 @@ class ClassifyClient:
         max_tokens = s.max_tokens
         tokens = int(row.get("est_prompt_tokens") or 0) + s.max_tokens
         transient_attempts = 0
+        last_kind = None
         while True:
             self._check_stop()
             t0 = time.time()
@@ -236,7 +238,7 @@ class ClassifyClient:
             rec["finished_at"] = time.time()
             rec["latency_s"] = rec["finished_at"] - t0
             if outcome.completion is not None:
-                if self._fill_from_completion(rec, outcome.completion) or max_tokens > s.max_tokens:
+                if fill_from_answer(rec, outcome.completion, s.questions) or max_tokens > s.max_tokens:
                     return rec
                 max_tokens = s.max_tokens * TRUNCATION_TOKEN_FACTOR
                 continue
@@ -245,6 +247,13 @@ class ClassifyClient:
             if not outcome.transient:
                 return rec
             self._check_stop()  # the server is going away: this error says nothing about the request
+            # A scattered 503 (no load shown, no Retry-After) is sent again at once, the first time in
+            # a row, and costs nothing from the budget: the next refusal in a row backs off and counts.
+            scattered = (outcome.kind == "server_overloaded" and not outcome.overload
+                         and outcome.retry_after is None and last_kind != "server_overloaded")
+            last_kind = outcome.kind
+            if scattered:
+                continue
             transient_attempts += 1
             if transient_attempts >= s.max_attempts:
                 rec["retryable"] = True
@@ -262,24 +271,25 @@ class ClassifyClient:
             return
         self._check_stop()
 
-    def _fill_from_completion(self, rec: dict, completion: dict) -> bool:
-        """Record a 200 answer; False when it was truncated and may be retried with more tokens."""
-        choice = completion["choices"][0]
-        text = (choice.get("message") or {}).get("content") or ""
-        usage = completion.get("usage") or {}
-        rec.update(http_status=200, finish_reason=choice.get("finish_reason"), raw_text=text,
-                   prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens"))
-        if rec["finish_reason"] == "length":
-            rec.update(status="error", error_kind="truncated", answers=None,
-                       error=f"answer cut at max_tokens ({rec['completion_tokens']} tokens)")
-            return False
-        try:
-            rec["answers"] = parse_answers(text, self.settings.questions)
-        except ValueError as exc:
-            rec.update(status="error", error_kind="invalid_output", error=str(exc), answers=None)
-            return True
-        rec.update(status="ok", error_kind=None, error=None)
+
+def fill_from_answer(rec: dict, completion: dict, questions: list[dict[str, Any]]) -> bool:
+    """Record a 200 answer in ``rec``; False when it was truncated and may be retried with more tokens."""
+    choice = completion["choices"][0]
+    text = (choice.get("message") or {}).get("content") or ""
+    usage = completion.get("usage") or {}
+    rec.update(http_status=200, finish_reason=choice.get("finish_reason"), raw_text=text,
+               prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens"))
+    if rec["finish_reason"] == "length":
+        rec.update(status="error", error_kind="truncated", answers=None,
+                   error=f"answer cut at max_tokens ({rec['completion_tokens']} tokens)")
+        return False
+    try:
+        rec["answers"] = parse_answers(text, questions)
+    except ValueError as exc:
+        rec.update(status="error", error_kind="invalid_output", error=str(exc), answers=None)
         return True
+    rec.update(status="ok", error_kind=None, error=None)
+    return True
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:

@@ -10,12 +10,16 @@ retries of requests that already have a slot.
 The limit moves below its ceiling (``classify.concurrency``, or what adaptive concurrency chose):
 
 - every answer raises it by 1/limit, i.e. one slot per round trip of answers, up to the ceiling;
-- a refusal (503 or 429) of a request sent while n requests were at the server lowers it to n - 1
-  when, among the recent outcomes (answers and refusals, the last 2 x ceiling), requests sent with
-  n or more at the server were refused more often than answered: the server is full at n (vLLM's
-  admission 503 under ``--max-num-queued-reqs``), so the client stops offering n. Scattered 503s
-  (a proxy, a fault) hit every level alike, are outnumbered by answers, and cost only their own
-  back-off. Without any answer yet there is no evidence either way, and the back-off alone applies.
+- a refusal (503 or 429) of an attempt sent while n attempts were at the server lowers it to n - 1
+  when at least a third (and at least MIN_REFUSALS) of the attempts sent with n or more at the
+  server were refused, counting the recent outcomes (the last 2 x ceiling answers and refusals) and
+  the attempts still at the server (a refusal comes back at once, so those were taken). Then the server is full at n (vLLM's
+  admission 503 under ``--max-num-queued-reqs``; answers still on their way make the client count a
+  few more at the server than it has, so the boundary is not sharp) and the client stops offering
+  n; the refused request waits out its back-off. Scattered 503s (a proxy, a fault, 20 % of them)
+  hit every level alike and stay below a third: such a refusal says nothing about load, and the
+  client sends the request again at once (its first refusal in a row, unless the server asked for a
+  Retry-After), so it costs one round trip.
 
 A multiplicative decrease per refusal (TCP's) would read 20 % scattered 503s as congestion and
 halve the limit every round trip.
@@ -25,7 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections import deque
+from collections import Counter, deque
+
+MIN_REFUSALS = 3  # fewer refusals at a level are no evidence that the server is full there
 
 
 def backoff_s(attempt: int, initial_s: float, max_s: float, retry_after: float | None) -> float:
@@ -36,15 +42,16 @@ def backoff_s(attempt: int, initial_s: float, max_s: float, retry_after: float |
 
 
 class InFlightLimit:
-    """A semaphore whose size moves: ``await acquire()`` / ``release()`` around a request's lifetime,
-    ``n = await send()`` / ``returned()`` around each HTTP attempt, then ``answered(n)`` or
-    ``refused(n)``."""
+    """A semaphore whose size moves: ``await acquire()`` / ``release()`` around a request's lifetime;
+    around each HTTP attempt ``n = await send()`` and ``returned(n)``, then ``answered(n)`` or
+    ``refused(n)`` when the server answered or refused it."""
 
     def __init__(self, ceiling: int):
         self.ceiling = max(1, int(ceiling))
         self._window = float(self.ceiling)
         self.in_flight = 0  # slot holders, back-off waits included
         self.at_server = 0  # attempts sent and not yet returned
+        self._levels: Counter[int] = Counter()  # the n of each attempt at the server
         self._outcomes: deque[tuple[int, bool]] = deque(maxlen=2 * self.ceiling)  # (n, refused)
         self._waiters: deque[asyncio.Future] = deque()  # for a slot
         self._senders: deque[asyncio.Future] = deque()  # for a place at the server
@@ -68,12 +75,17 @@ class InFlightLimit:
         if self.at_server < self.limit and not self._senders:
             self.at_server += 1
         else:
-            await self._wait(self._senders, self.returned)
+            await self._wait(self._senders, self._give_back_place)
+        self._levels[self.at_server] += 1
         return self.at_server
 
-    def returned(self) -> None:
+    def _give_back_place(self) -> None:
         self.at_server -= 1
         self._wake()
+
+    def returned(self, n: int) -> None:
+        self._levels[n] -= 1
+        self._give_back_place()
 
     async def _wait(self, queue: deque, give_back) -> None:
         fut = asyncio.get_running_loop().create_future()
@@ -83,7 +95,7 @@ class InFlightLimit:
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():
                 give_back()  # granted just as the waiter was cancelled
-            else:
+            elif fut in queue:
                 queue.remove(fut)
             raise
 
@@ -113,10 +125,13 @@ class InFlightLimit:
             self._window = min(float(self.ceiling), self._window + 1 / self._window)
             self._wake()
 
-    def refused(self, n: int) -> None:
+    def refused(self, n: int) -> bool:
+        """Record a refusal; True when it shows the server full at n (the limit is now below n)."""
         self._outcomes.append((n, True))
-        if all(refused for _, refused in self._outcomes):
-            return
         refusals = sum(1 for m, refused in self._outcomes if refused and m >= n)
-        if refusals > sum(1 for m, refused in self._outcomes if not refused and m >= n):
-            self._window = min(self._window, float(max(1, n - 1)))
+        taken = sum(1 for m, refused in self._outcomes if not refused and m >= n)
+        taken += sum(count for m, count in self._levels.items() if m >= n)
+        if refusals < MIN_REFUSALS or 2 * refusals <= taken:
+            return False
+        self._window = min(self._window, float(max(1, n - 1)))
+        return True

@@ -95,7 +95,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="chat requests number START+1 .. START+COUNT answer 503")
     p.add_argument("--retry-after", type=float, default=None, help="Retry-After header on 503s")
     p.add_argument("--random-503", type=float, default=0.0, metavar="P",
-                   help="this share of chat requests answer 503 at once, whatever the load (a proxy's)")
+                   help="of requests with a video: 503 at once, whatever the load (a proxy's)")
     p.add_argument("--random-500", type=float, default=0.0, metavar="P", help="of requests with a video")
     p.add_argument("--reset-on", action="append", default=[], metavar="WORD[:TIMES]",
                    help="reset the connection mid-response for prompts containing WORD")
@@ -351,8 +351,6 @@ class StandIn:
             headers = {"Retry-After": f"{args.retry_after:g}"} if args.retry_after is not None else None
             return self._error(rid, 503, "The engine is currently busy and cannot accept new requests.",
                                "ServiceUnavailableError", headers=headers)
-        if args.random_503 and self.rng.random() < args.random_503:
-            return self._error(rid, 503, "Service Unavailable (injected)", "ServiceUnavailableError")
         if self.engine.full():
             return self._error(rid, 503, "The engine is currently busy and cannot accept new requests.",
                                "ServiceUnavailableError")
@@ -370,6 +368,8 @@ class StandIn:
                     video_path = part["video_url"]["url"]
         prompt = "\n".join(prompt_parts)
         prompt_lower = prompt.lower()
+        if video_path is not None and args.random_503 and self.rng.random() < args.random_503:
+            return self._error(rid, 503, "Service Unavailable (injected)", "ServiceUnavailableError")
 
         video_tokens = 0
         if video_path is not None:
