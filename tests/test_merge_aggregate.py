@@ -161,7 +161,7 @@ def _human_labels(f, path, weighted=False):
            {"post_id": f["ids"][20], "question": "unknown_q", "label": "no"},
            {"post_id": f["ids"][21], "question": "promotes_product", "label": "perhaps"},
            {"post_id": f["excluded"][0], "question": "promotes_product", "label": "no"},
-           dict(rows[0], label="no" if rows[0]["label"].lower() in ("yes", "1", "true") else "yes")]  # conflict
+           dict(rows[0], label="no" if rows[0]["label"].lower() in ("yes", "1", "true") else "yes")]  # a tie
     if weighted:
         for r in bad:
             r.setdefault("sampling_probability", 0.3)
@@ -173,7 +173,8 @@ def _human_labels(f, path, weighted=False):
             w = csv.DictWriter(fh, list(all_rows[0]))
             w.writeheader()
             w.writerows(all_rows)
-    usable = rows[1:]  # rows[0] conflicts with its duplicate
+    # rows[0] and its contradicting copy tie: the post stays, with label 0.5 (half the coders said yes)
+    usable = [dict(rows[0], y=0.5)] + [dict(r, y=1.0 if _is_yes(r["label"]) else 0.0) for r in rows[1:]]
     return usable
 
 
@@ -204,9 +205,10 @@ def test_aggregate_every_file_checked(fabricated):
         assert _f(p["model_lo"]) < _f(p["model_share"]) < _f(p["model_hi"])
     # human-only share and corrected estimate against ppi_py on arrays built here
     p = prev["promotes_product"]
-    y = np.array([1.0 if _is_yes(h["label"]) else 0.0 for h in usable])
+    y = np.array([h["y"] for h in usable])
     assert int(p["human_n"]) == len(usable) and _f(p["human_share"]) == pytest.approx(y.mean())
-    assert p["human_ci_method"] == "Wilson"
+    assert _f(p["human_yes"]) == y.sum() == int(y.sum()) + 0.5
+    assert p["human_ci_method"] == "Wilson" and p["design"] == "uniform" and p["corrected_method"] == "PPI++"
     by_id = {r["post_id"]: r for r in classified}
     share = _f(p["model_share"])
 
@@ -220,14 +222,23 @@ def test_aggregate_every_file_checked(fabricated):
     est = float(np.ravel(ppi_py.ppi_mean_pointestimate(y, yhat, yhat_all))[0])
     lo, hi = (float(np.ravel(v)[0]) for v in ppi_py.ppi_mean_ci(y, yhat, yhat_all, alpha=0.05))
     assert abs(_f(p["corrected"]) - est) < 1e-9
-    assert abs(_f(p["corrected_lo"]) - max(lo, 0)) < 1e-9 and abs(_f(p["corrected_hi"]) - min(hi, 1)) < 1e-9
+    # the reported interval: ppi_py's standard error with a t quantile on the events (fewest of
+    # labelled yes, labelled no, disagreement mass), here well above stats.MIN_EVENTS
+    from scipy.stats import t as student_t
+    events = min(y.sum(), len(y) - y.sum(), np.abs(y - yhat).sum())
+    assert _f(p["events"]) == pytest.approx(events) and events >= 10
+    se = (hi - lo) / 2 / 1.959963984540054
+    q = student_t.ppf(0.975, events - 1)
+    assert _f(p["corrected_se"]) == pytest.approx(se, rel=1e-9)
+    assert abs(_f(p["corrected_lo"]) - max(est - q * se, 0)) < 1e-9
+    assert abs(_f(p["corrected_hi"]) - min(est + q * se, 1)) < 1e-9
     assert 0 <= _f(p["lambda"]) <= 1 and int(p["ppi_population"]) == 590 and int(p["ppi_labelled"]) == len(usable)
     assert prev["shows_face"]["human_n"] == "0" and prev["shows_face"]["corrected"] == ""
 
     # agreement: confusion counts recomputed
     agree = {r["question"]: r for r in _read_csv(summary / "agreement.csv")}
     a = agree["promotes_product"]
-    pairs = [(_is_yes(h["label"]), by_id[h["post_id"]]["promotes_product"]) for h in usable]
+    pairs = [(_is_yes(h["label"]), by_id[h["post_id"]]["promotes_product"]) for h in usable if h["y"] != 0.5]
     compared = [(t, m == "yes") for t, m in pairs if m is not None]
     tp = sum(t and m for t, m in compared)
     fp = sum((not t) and m for t, m in compared)
@@ -235,6 +246,7 @@ def test_aggregate_every_file_checked(fabricated):
     tn = sum((not t) and not m for t, m in compared)
     assert [int(a[k]) for k in ("tp", "fp", "fn", "tn")] == [tp, fp, fn, tn]
     assert int(a["no_model_answer"]) == len(pairs) - len(compared)
+    assert int(a["tied_labels"]) == int(by_id[usable[0]["post_id"]]["promotes_product"] is not None)
     assert _f(a["precision"]) == pytest.approx(tp / (tp + fp))
     assert _f(a["recall"]) == pytest.approx(tp / (tp + fn))
     po = (tp + tn) / len(compared)
@@ -292,13 +304,14 @@ def test_aggregate_every_file_checked(fabricated):
     assert errs[("human_labels", "unknown question")] == 1
     assert errs[("human_labels", "invalid label")] == 1
     assert errs[("human_labels", "post excluded before classification")] == 1
-    assert errs[("human_labels", "conflicting duplicate labels")] == 2
+    assert not any(stage == "human_labels" and "duplicate" in reason for stage, reason in errs)
 
     # summary.md: headline sentences and the reported human-label problems
     md = (summary / "summary.md").read_text()
     assert f"{_f(p['corrected']) * 100:.1f}%" in md and "PPI++" in md
     assert "unknown post_id" in md and "'nobody'" in md and "unknown question" in md and "'unknown_q'" in md
     assert "590" in md
+    assert f"tie counted as 0.5: 1 post-question(s), e.g. post '{usable[0]['post_id']}'" in md
 
     # plots: valid PNGs
     for name in aggregate.PLOTS:
@@ -310,20 +323,43 @@ def test_aggregate_every_file_checked(fabricated):
 
 
 def test_aggregate_weighted_human_labels_parquet(fabricated):
+    """Varying sampling probabilities: Hajek human-only share and the active (Horvitz-Thompson)
+    estimator, both recomputed here from their formulas over every classified post."""
     f = fabricated
     labels = _merge(f)
     human_path = f["dir"] / "human.parquet"
     usable = _human_labels(f, human_path, weighted=True)
     aggregate.run(_config(), labels, human_path, f["dir"] / "summary")
     p = {r["question"]: r for r in _read_csv(f["dir"] / "summary" / "prevalence.csv")}["promotes_product"]
-    y = np.array([1.0 if _is_yes(h["label"]) else 0.0 for h in usable])
-    w = np.array([1 / h["sampling_probability"] for h in usable])
-    assert p["weighted"] == "true" and "weighted" in p["human_ci_method"]
-    assert _f(p["human_share"]) == pytest.approx((w * y).sum() / w.sum())
+    y = np.array([h["y"] for h in usable])
+    prob = np.array([h["sampling_probability"] for h in usable])
+    w = 1 / prob
+    assert p["weighted"] == "true" and p["design"] == "weighted" and p["human_ci_method"].startswith("Hajek")
+    hajek = (w * y).sum() / w.sum()
+    assert _f(p["human_share"]) == pytest.approx(hajek)
     assert _f(p["human_share"]) < y.mean()  # yes-labels were oversampled, weights pull the share down
     assert _f(p["human_lo"]) < _f(p["human_share"]) < _f(p["human_hi"])
+    # the active estimator by its definition: z_i = lam f_i + (Y_i - lam f_i) xi_i / pi_i over all N posts
+    rows = [r for r in pq.read_table(labels).to_pylist() if r["status"] in ("ok", "error")]
+    answered = [r["promotes_product"] for r in rows if r["promotes_product"] is not None]
+    share = answered.count("yes") / len(answered)
+    fhat = np.array([share if r["promotes_product"] is None else float(r["promotes_product"] == "yes") for r in rows])
+    by_post = {h["post_id"]: (h["y"], h["sampling_probability"]) for h in usable}
+    xi = np.array([r["post_id"] in by_post for r in rows])
+    yy = np.array([by_post.get(r["post_id"], (0.0, 1.0))[0] for r in rows])
+    pi = np.array([by_post.get(r["post_id"], (0.0, 1.0))[1] for r in rows])
+    a, b = yy * xi / pi, fhat * (1 - xi / pi)
+    lam = float(np.clip(-np.cov(a, b, bias=True)[0, 1] / b.var(), 0, 1))
+    z = lam * fhat + (yy - lam * fhat) * xi / pi
+    assert _f(p["lambda"]) == pytest.approx(lam, abs=1e-12)
+    assert _f(p["corrected"]) == pytest.approx(z.mean(), abs=1e-12)
+    assert _f(p["corrected_se"]) == pytest.approx(z.std(ddof=1) / np.sqrt(len(z)), rel=1e-9)
+    assert int(p["ppi_population"]) == 590 and int(p["ppi_labelled"]) == len(usable)
     assert _f(p["corrected_lo"]) < _f(p["corrected"]) < _f(p["corrected_hi"])
-    assert p["note"] == ""  # in particular, no SQL / ppi_py disagreement
+    assert _f(p["uniform_halfwidth"]) > 0
+    md = (f["dir"] / "summary" / "summary.md").read_text()
+    assert "A uniform random sample of as many posts would have given about" in md
+    assert "Design: known, varying sampling probabilities" in md
 
 
 def test_aggregate_without_human_labels_and_without_data(tmp_path):

@@ -54,17 +54,26 @@ def token_histogram(values: np.ndarray, path: str | Path, title: str, xlabel: st
     _save(fig, path)
 
 
-def prevalence(rows: Sequence[dict[str, Any]], path: str | Path, confidence: float) -> None:
-    """Per question: model share, human-only share and bias-corrected estimate, with interval bars."""
+def prevalence(rows: Sequence[dict[str, Any]], path: str | Path, confidence: float,
+               sampling_probabilities: np.ndarray | None = None) -> None:
+    """Per question: model share, human-only share and bias-corrected estimate, with interval bars.
+
+    With a weighted human sample (``sampling_probabilities`` of the labelled posts), a second panel
+    shows how those probabilities are distributed."""
     title = "Prevalence per question"
     rows = [r for r in rows if _finite(r.get("model_share")) or _finite(r.get("human_share"))]
     if not rows:
         placeholder(path, title, "No question has a model answer or a human label yet.")
         return
-    series = [("model", "model_share", "model_lo", "model_hi", "#4c72b0"),
+    series = [("model (answered posts)", "model_share", "model_lo", "model_hi", "#4c72b0"),
               ("human only", "human_share", "human_lo", "human_hi", "#55a868"),
-              ("corrected (PPI++)", "corrected", "corrected_lo", "corrected_hi", "#c44e52")]
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(rows) + 3), 4.5))
+              ("corrected", "corrected", "corrected_lo", "corrected_hi", "#c44e52")]
+    width = max(6.0, 1.6 * len(rows) + 3)
+    weighted = sampling_probabilities is not None and np.size(sampling_probabilities) > 0
+    if weighted:
+        fig, (ax, ax_pi) = plt.subplots(1, 2, figsize=(width + 5, 4.5), gridspec_kw={"width_ratios": [width, 5]})
+    else:
+        fig, ax = plt.subplots(figsize=(width, 4.5))
     x = np.arange(len(rows))
     offsets = np.linspace(-0.22, 0.22, len(series))
     for (label, key, lo_key, hi_key, color), dx in zip(series, offsets):
@@ -75,7 +84,10 @@ def prevalence(rows: Sequence[dict[str, Any]], path: str | Path, confidence: flo
         ys = np.array([p[1] for p in pts])
         lo = np.array([p[2] if _finite(p[2]) else p[1] for p in pts])
         hi = np.array([p[3] if _finite(p[3]) else p[1] for p in pts])
-        ax.errorbar(xs, ys, yerr=[ys - lo, hi - ys], fmt="o", color=color, capsize=4, label=label)
+        # matplotlib refuses negative error bars; a bound on the wrong side of the point (rounding
+        # at 0 or 1) draws as no bar on that side.
+        ax.errorbar(xs, ys, yerr=[np.maximum(ys - lo, 0.0), np.maximum(hi - ys, 0.0)], fmt="o", color=color,
+                    capsize=4, label=label)
     ax.set_xticks(x, [r["question"] for r in rows], rotation=20, ha="right")
     ax.set_xlim(-0.6, len(rows) - 0.4)
     ax.set_ylim(0, 1)
@@ -83,6 +95,16 @@ def prevalence(rows: Sequence[dict[str, Any]], path: str | Path, confidence: flo
     ax.set_title(f"{title} ({confidence:.0%} intervals)")
     ax.legend(frameon=False, loc="best")
     ax.grid(axis="y", alpha=0.3)
+    if weighted:
+        pi = np.asarray(sampling_probabilities, dtype=float)
+        bins = np.logspace(np.log10(pi.min()), np.log10(pi.max()), 30) if pi.max() > pi.min() else 10
+        ax_pi.hist(pi, bins=bins, color="#8172b2", edgecolor="white", linewidth=0.4)
+        if pi.max() > pi.min():
+            ax_pi.set_xscale("log")
+        ax_pi.set_xlabel("sampling probability of a labelled post")
+        ax_pi.set_ylabel("labelled posts")
+        ax_pi.set_title(f"Sampling probabilities (n = {pi.size:,})")
+        ax_pi.grid(axis="y", alpha=0.3)
     _save(fig, path)
 
 

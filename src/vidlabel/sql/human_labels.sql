@@ -1,8 +1,10 @@
--- Human labels, normalised and checked. Every input row stays, with `issue` NULL when it is usable
--- and otherwise the reason it is not (reported in summary.md, errors.csv and the log; never dropped
--- silently). Views/tables: human_raw (the file, text columns), questions(question, position),
--- labels. The placeholders are generated: the question column name, the
--- sampling-probability column (NULL when the file has none) and whether it exists.
+-- Human labels, normalised, checked and resolved. Every input row stays in human_checked, with
+-- `issue` NULL when it is usable and otherwise the reason it is not (reported in summary.md,
+-- errors.csv and the log; never dropped silently). Usable rows are then resolved to one label per
+-- (post, question) in human_resolved. Views/tables read: human_raw (the file, text columns),
+-- questions(question, position), labels. The placeholders are generated: the question column
+-- name, the sampling-probability and adjudication columns (NULL when the file has none) and
+-- whether the probability column exists.
 CREATE OR REPLACE TABLE human_checked AS
 WITH raw AS (
     SELECT
@@ -10,6 +12,7 @@ WITH raw AS (
         trim(CAST(post_id AS VARCHAR)) AS post_id,
         trim(CAST(@question_column@ AS VARCHAR)) AS question,
         lower(trim(CAST(label AS VARCHAR))) AS label_text,
+        nullif(lower(trim(CAST(@adjudication_column@ AS VARCHAR))), '') AS adjudication_text,
         CAST(@probability_column@ AS VARCHAR) AS probability_text,
         @has_probability@ AS has_probability
     FROM human_raw
@@ -17,10 +20,19 @@ WITH raw AS (
 parsed AS (
     SELECT
         raw.*,
+        -- yes/no, y/n, true/false, or a number equal to 1 or 0 ("1", "1.0", "1.00", "0e0", ...)
         CASE
-            WHEN label_text IN ('yes', 'y', 'true', 't', '1', '1.0') THEN 1.0
-            WHEN label_text IN ('no', 'n', 'false', 'f', '0', '0.0') THEN 0.0
+            WHEN label_text IN ('yes', 'y', 'true', 't') THEN 1.0
+            WHEN label_text IN ('no', 'n', 'false', 'f') THEN 0.0
+            WHEN TRY_CAST(label_text AS DOUBLE) = 1 THEN 1.0
+            WHEN TRY_CAST(label_text AS DOUBLE) = 0 THEN 0.0
         END AS y,
+        CASE
+            WHEN adjudication_text IN ('yes', 'y', 'true', 't') THEN 1.0
+            WHEN adjudication_text IN ('no', 'n', 'false', 'f') THEN 0.0
+            WHEN TRY_CAST(adjudication_text AS DOUBLE) = 1 THEN 1.0
+            WHEN TRY_CAST(adjudication_text AS DOUBLE) = 0 THEN 0.0
+        END AS adjudicated,
         TRY_CAST(probability_text AS DOUBLE) AS probability,
         l.status AS post_status
     FROM raw
@@ -34,28 +46,58 @@ first_issue AS (
             WHEN question IS NULL OR question = '' THEN 'missing question'
             WHEN question NOT IN (SELECT question FROM questions) THEN 'unknown question'
             WHEN post_status IS NULL THEN 'unknown post_id'
-            WHEN y IS NULL THEN 'invalid label'
+            WHEN adjudication_text IS NOT NULL AND adjudicated IS NULL THEN 'invalid adjudication'
+            WHEN y IS NULL AND adjudicated IS NULL THEN 'invalid label'
             WHEN has_probability AND NOT coalesce(probability > 0 AND probability <= 1, false)
                 THEN 'invalid sampling_probability'
             WHEN post_status = 'excluded' THEN 'post excluded before classification'
         END AS issue
     FROM parsed
 ),
--- Among otherwise usable rows, several labels for one (post, question) either agree (keep the
--- first, flag the rest as duplicates) or conflict (no label can be trusted: flag them all).
-ranked AS (
+-- One post drawn once has one inclusion probability: copies that disagree on it cannot be weighted.
+probability_spread AS (
     SELECT
         first_issue.*,
-        count(DISTINCT y) FILTER (WHERE issue IS NULL) OVER (PARTITION BY post_id, question) AS distinct_labels,
-        row_number() OVER (PARTITION BY post_id, question, issue IS NULL ORDER BY line) AS copy
+        max(probability) FILTER (WHERE issue IS NULL) OVER (PARTITION BY post_id, question)
+            - min(probability) FILTER (WHERE issue IS NULL) OVER (PARTITION BY post_id, question) AS spread
     FROM first_issue
 )
 SELECT
-    line, post_id, question, label_text, y, probability,
+    line, post_id, question, label_text, y, adjudicated, probability,
     CASE
         WHEN issue IS NOT NULL THEN issue
-        WHEN distinct_labels > 1 THEN 'conflicting duplicate labels'
-        WHEN copy > 1 THEN 'duplicate label'
+        WHEN spread > 1e-9 THEN 'conflicting sampling_probability'
     END AS issue
-FROM ranked
-ORDER BY line
+FROM probability_spread
+ORDER BY line;
+
+-- One label per (post, question) from its usable rows: the adjudicated label when a row carries
+-- one, else the majority of the coders' labels; a tie counts 0.5 (half the coders said yes), so
+-- an ambiguous post stays in the sample instead of vanishing with the labels that disagree.
+CREATE OR REPLACE TABLE human_resolved AS
+WITH votes AS (
+    SELECT
+        post_id, question,
+        count(*) AS copies,
+        count(adjudicated) AS adjudications,
+        count(DISTINCT y) AS distinct_labels,
+        CASE WHEN count(adjudicated) > 0 THEN avg(adjudicated) ELSE avg(y) END AS vote,
+        any_value(probability) AS probability
+    FROM human_checked
+    WHERE issue IS NULL
+    GROUP BY post_id, question
+)
+SELECT
+    post_id, question,
+    CASE WHEN vote > 0.5 THEN 1.0 WHEN vote < 0.5 THEN 0.0 ELSE 0.5 END AS y,
+    probability,
+    copies,
+    CASE
+        WHEN adjudications > 0 AND (copies > 1 OR distinct_labels > 1) THEN 'adjudicated'
+        WHEN copies = 1 THEN NULL
+        WHEN distinct_labels = 1 AND vote IN (0, 1) THEN 'agreeing copies'
+        WHEN vote = 0.5 THEN 'tie counted as 0.5'
+        ELSE 'majority of conflicting labels'
+    END AS resolution
+FROM votes
+ORDER BY post_id, question
