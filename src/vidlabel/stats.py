@@ -214,19 +214,25 @@ def hajek_share(y, pi, confidence: float, sampled=None) -> dict[str, Any]:
     return _squeeze({"estimate": mean, "se": np.sqrt(var), "lo": lo, "hi": hi, "n_eff": n_eff})
 
 
-def active_mean(f, y, sampled, pi, confidence: float, lam: float | None = None) -> dict[str, Any]:
+def active_mean(f, y, sampled, pi, confidence: float, lam: float | None = None,
+                intercept: bool = True) -> dict[str, Any]:
     """Prevalence from a sample drawn with known inclusion probabilities (active inference).
 
     Horvitz-Thompson form with power tuning (Zrnic & Candes 2024):
-        z_i = lam f_i + (Y_i - lam f_i) xi_i / pi_i,   estimate = mean_i z_i,   SE = sd(z) / sqrt(N)
+        z_i = g_i + (Y_i - g_i) xi_i / pi_i,  g_i = lam f_i + mu,  estimate = mean_i z_i,  SE = sd(z) / sqrt(N)
     over all N posts of the population; f_i is the model's prediction (probability of "yes", or the
-    hard answer 0/1), xi_i = 1 for a labelled post. Unbiased for any f and any lam fixed in advance;
-    ``lam=None`` takes the plug-in lam = -Cov(a, b) / Var(b) (a = Y xi/pi, b = f (1 - xi/pi): the
-    lam that minimises Var(z)), clipped to [0, 1]; 0 when b does not vary. lam = 0 is the pure
-    Horvitz-Thompson mean of the human labels, lam = 1 the plain active estimator.
+    hard answer 0/1), xi_i = 1 for a labelled post. E[xi_i / pi_i] = 1, so the estimate is unbiased
+    for any lam and mu fixed in advance; with mu = 0 it is Zrnic & Candes' estimator.
+    ``lam=None`` takes the plug-in: the (lam, mu) that minimise the sample variance of z (a least
+    squares fit of a = Y xi/pi on the control variates b1 = f (1 - xi/pi) and b0 = 1 - xi/pi), lam
+    clipped to [0, 1] (mu refitted after clipping); lam = 0 when b1 does not vary. The intercept mu
+    (``intercept=True``) is the Hajek-type ratio adjustment: without it, the HT estimator carries the
+    randomness of the number of labels drawn, which made it wider than the Hajek human-only share
+    when the probabilities follow the model; ``intercept=False`` fixes mu = 0.
 
     Vectorised over leading dimensions: arrays (..., N), ``y`` may hold anything (NaN) where not
-    sampled. The interval is the normal one clipped to [0, 1].
+    sampled. The interval is the normal one clipped to [0, 1]; ``corrected_interval`` makes the
+    reported one.
     """
     f = np.asarray(f, dtype=float)
     sampled = np.asarray(sampled, bool)
@@ -234,22 +240,37 @@ def active_mean(f, y, sampled, pi, confidence: float, lam: float | None = None) 
     n_posts = f.shape[-1]
     w = np.where(sampled, 1.0 / np.where(sampled, pi, 1.0), 0.0)
     a = np.where(sampled, np.asarray(y, dtype=float), 0.0) * w
-    b = f * (1.0 - w)
+    b0 = 1.0 - w
+    b1 = f * b0
+
+    def centred(x):
+        return x - x.mean(axis=-1, keepdims=True)
+
+    a_c, b0_c, b1_c = centred(a), centred(b0), centred(b1)
+    v00, v11, v01 = ((x * z).mean(axis=-1) for x, z in ((b0_c, b0_c), (b1_c, b1_c), (b0_c, b1_c)))
+    c0, c1 = (a_c * b0_c).mean(axis=-1), (a_c * b1_c).mean(axis=-1)
     if lam is None:
-        a_c = a - a.mean(axis=-1, keepdims=True)
-        b_c = b - b.mean(axis=-1, keepdims=True)
-        var_b = (b_c * b_c).mean(axis=-1)
-        cov_ab = (a_c * b_c).mean(axis=-1)
-        lam_arr = np.where(var_b > 0, np.clip(-cov_ab / np.where(var_b > 0, var_b, 1.0), 0.0, 1.0), 0.0)
+        if intercept:
+            det = v00 * v11 - v01 * v01
+            ok = det > 1e-12 * np.maximum(v00 * v11, 1e-300)
+            lam_free = np.where(ok, (-c1 * v00 + c0 * v01) / np.where(ok, det, 1.0), 0.0)
+        else:
+            ok = v11 > 0
+            lam_free = np.where(ok, -c1 / np.where(ok, v11, 1.0), 0.0)
+        lam_arr = np.where(v11 > 0, np.clip(lam_free, 0.0, 1.0), 0.0)
     else:
         lam_arr = np.broadcast_to(np.asarray(lam, dtype=float), a.shape[:-1])
-    z = a + lam_arr[..., None] * b
+    if intercept:
+        mu = np.where(v00 > 0, -(c0 + lam_arr * v01) / np.where(v00 > 0, v00, 1.0), 0.0)
+    else:
+        mu = np.zeros(lam_arr.shape)
+    z = a + lam_arr[..., None] * b1 + mu[..., None] * b0
     estimate = z.mean(axis=-1)
     se = z.std(axis=-1, ddof=1) / math.sqrt(n_posts) if n_posts > 1 else np.full(estimate.shape, np.nan)
     half = z_value(confidence) * se
     return _squeeze({"estimate": estimate, "se": se, "lo": np.clip(estimate - half, 0.0, 1.0),
-                     "hi": np.clip(estimate + half, 0.0, 1.0), "lambda": lam_arr, "n": sampled.sum(axis=-1),
-                     "big_n": n_posts})
+                     "hi": np.clip(estimate + half, 0.0, 1.0), "lambda": lam_arr, "mu": mu,
+                     "n": sampled.sum(axis=-1), "big_n": n_posts})
 
 
 def uniform_equivalent_se(f, y, sampled, pi) -> Any:
