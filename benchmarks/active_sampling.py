@@ -10,6 +10,10 @@ For each prevalence, model and label budget it draws ``--reps`` populations of `
   active     a Poisson sample with pi from vidlabel.sampling (sqrt of p(1 - p), uniform floor
              ``--floor-share``) and the active estimator vidlabel.stats.active_mean, reported the
              same way.
+  burn-in    a uniform burn-in of ``--burn-in-share`` of the budget recalibrates P(yes)
+             (vidlabel.sampling.recalibrate); the rest of the budget is drawn actively with the
+             recalibrated P(yes) (a post drawn twice is labelled once); every labelled post carries
+             its inclusion probability in the union (vidlabel.sampling.union_inclusion).
 Models: calibrated (Beta concentration ``--concentration``), overconfident (same ranking,
 sigmoid(3 logit p)), uninformative (P(yes) drawn independently of Y: varies but says nothing),
 constant (P(yes) = the prevalence for every post: calibrated and uninformative).
@@ -25,7 +29,8 @@ import time
 
 import numpy as np
 
-from _stats_sim import active_design, covers, poisson_draw, population, simple_random_sample, stats, uniform_ppi
+from _stats_sim import (active_design, covers, poisson_draw, population, sampling, simple_random_sample, stats,
+                        uniform_ppi)
 
 PREVALENCES = (0.05, 0.15, 0.3)
 MODELS = ("calibrated", "overconfident", "uninformative", "constant")
@@ -40,12 +45,30 @@ def reported(estimate, se, truth, f, labelled, human, pi=None):
     return r["lo"], r["hi"]
 
 
+def burn_in_estimate(rng, truth, p, budget, floor_share, burn_in_share):
+    """A uniform burn-in (``--burn-in-share`` of the budget) recalibrates P(yes); the rest is drawn actively
+    from the other posts; every labelled post carries its two-phase inclusion probability
+    pi_u + (1 - pi_u) pi_a (sampling.union_inclusion of the uniform and the active design)."""
+    reps, n_posts = truth.shape
+    first = int(round(budget * burn_in_share))
+    burn = simple_random_sample(rng, reps, n_posts, first)
+    recal = np.stack([sampling.recalibrate(p[r], p[r][burn[r]], truth[r][burn[r]]) for r in range(reps)])
+    pi_active = np.stack([sampling.inclusion_probabilities(sampling.post_uncertainty(row), budget - first, floor_share)
+                          for row in recal])
+    pi = sampling.union_inclusion(first / n_posts, pi_active)
+    drawn = burn | poisson_draw(rng, pi_active)
+    h = stats.hajek_share(truth, pi, CONFIDENCE, drawn)
+    a = stats.active_mean(recal, truth, drawn, pi, CONFIDENCE)
+    return reported(a["estimate"], a["se"], truth, recal, drawn, (h["lo"], h["hi"]), pi)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=1000)
     ap.add_argument("--posts", type=int, default=35_000)
     ap.add_argument("--concentration", type=float, default=0.5)
     ap.add_argument("--floor-share", type=float, default=0.5)
+    ap.add_argument("--burn-in-share", type=float, default=1 / 3)
     ap.add_argument("--seed", type=int, default=2)
     ap.add_argument("--prevalences", default=",".join(map(str, PREVALENCES)))
     ap.add_argument("--models", default=",".join(MODELS))
@@ -73,19 +96,20 @@ def main() -> None:
                     h = stats.hajek_share(truth, pi, CONFIDENCE, drawn)
                     a = stats.active_mean(p, truth, drawn, pi, CONFIDENCE)
                     act = reported(a["estimate"], a["se"], truth, p, drawn, (h["lo"], h["hi"]), pi)
-                    for name, (lo, hi) in (("classical", human), ("uniform", uni), ("active", act)):
+                    burn = burn_in_estimate(rng, truth, p, budget, args.floor_share, args.burn_in_share)
+                    for name, (lo, hi) in (("classical", human), ("uniform", uni), ("active", act), ("burnin", burn)):
                         cell.setdefault(name + "_cov", []).append(covers(lo, hi, target))
                         cell.setdefault(name + "_width", []).append(hi - lo)
                     cell.setdefault("labels", []).append(drawn.sum(axis=1))
                     cell.setdefault("pi_max_over_min", []).append(pi.max(axis=1) / pi.min(axis=1))
             results[(prev, model, "accuracy")] = float(np.mean(acc))
     print(f"reps {args.reps}, N {args.posts:,}, Beta concentration {args.concentration}, floor share "
-          f"{args.floor_share}, seed {args.seed}; {time.time() - started:.0f} s")
+          f"{args.floor_share}, burn-in share {args.burn_in_share:.3g}, seed {args.seed}; {time.time() - started:.0f} s")
     print()
-    print("| prevalence | model | accuracy | budget | labels (active, mean) | coverage classical / uniform / active "
-          "| width classical / uniform / active | active / uniform width | uniform labels for the active width "
-          "| labels saved |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| prevalence | model | accuracy | budget | labels (active, mean) | coverage classical / uniform / active / "
+          "burn-in | width classical / uniform / active / burn-in | active / uniform width | burn-in / uniform width "
+          "| uniform labels for the active width | labels saved |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for prev in [float(x) for x in args.prevalences.split(",")]:
         for model in args.models.split(","):
             cells = [results[(prev, model, b)] for b in BUDGETS]
@@ -95,9 +119,10 @@ def main() -> None:
             for budget, c in zip(BUDGETS, mean):
                 equivalent = float(np.exp((np.log(c["active_width"]) - intercept) / slope))
                 print(f"| {prev} | {model} | {results[(prev, model, 'accuracy')]:.3f} | {budget} | {c['labels']:.0f} | "
-                      f"{c['classical_cov']:.3f} / {c['uniform_cov']:.3f} / {c['active_cov']:.3f} | "
-                      f"{c['classical_width']:.4f} / {c['uniform_width']:.4f} / {c['active_width']:.4f} | "
-                      f"{c['active_width'] / c['uniform_width']:.3f} | {equivalent:.0f} | "
+                      f"{c['classical_cov']:.3f} / {c['uniform_cov']:.3f} / {c['active_cov']:.3f} / "
+                      f"{c['burnin_cov']:.3f} | {c['classical_width']:.4f} / {c['uniform_width']:.4f} / "
+                      f"{c['active_width']:.4f} / {c['burnin_width']:.4f} | {c['active_width'] / c['uniform_width']:.3f} | "
+                      f"{c['burnin_width'] / c['uniform_width']:.3f} | {equivalent:.0f} | "
                       f"{1 - budget / equivalent:.0%} |")
 
 

@@ -339,7 +339,8 @@ def test_aggregate_weighted_human_labels_parquet(fabricated):
     assert _f(p["human_share"]) == pytest.approx(hajek)
     assert _f(p["human_share"]) < y.mean()  # yes-labels were oversampled, weights pull the share down
     assert _f(p["human_lo"]) < _f(p["human_share"]) < _f(p["human_hi"])
-    # the active estimator by its definition: z_i = lam f_i + (Y_i - lam f_i) xi_i / pi_i over all N posts
+    # the active estimator by its definition over all N posts: z_i = g_i + (Y_i - g_i) xi_i / pi_i,
+    # g_i = lam f_i + mu, (lam, mu) the least-squares fit that minimises the variance of z
     rows = [r for r in pq.read_table(labels).to_pylist() if r["status"] in ("ok", "error")]
     answered = [r["promotes_product"] for r in rows if r["promotes_product"] is not None]
     share = answered.count("yes") / len(answered)
@@ -348,10 +349,11 @@ def test_aggregate_weighted_human_labels_parquet(fabricated):
     xi = np.array([r["post_id"] in by_post for r in rows])
     yy = np.array([by_post.get(r["post_id"], (0.0, 1.0))[0] for r in rows])
     pi = np.array([by_post.get(r["post_id"], (0.0, 1.0))[1] for r in rows])
-    a, b = yy * xi / pi, fhat * (1 - xi / pi)
-    lam = float(np.clip(-np.cov(a, b, bias=True)[0, 1] / b.var(), 0, 1))
-    z = lam * fhat + (yy - lam * fhat) * xi / pi
-    assert _f(p["lambda"]) == pytest.approx(lam, abs=1e-12)
+    a, b1, b0 = yy * xi / pi, fhat * (1 - xi / pi), 1 - xi / pi
+    _, lam, mu = np.linalg.lstsq(np.c_[np.ones(len(a)), b1, b0], -a, rcond=None)[0]
+    assert 0 < lam < 1
+    z = lam * fhat + mu + (yy - lam * fhat - mu) * xi / pi
+    assert _f(p["lambda"]) == pytest.approx(lam, abs=1e-9)
     assert _f(p["corrected"]) == pytest.approx(z.mean(), abs=1e-12)
     assert _f(p["corrected_se"]) == pytest.approx(z.std(ddof=1) / np.sqrt(len(z)), rel=1e-9)
     assert int(p["ppi_population"]) == 590 and int(p["ppi_labelled"]) == len(usable)
@@ -399,3 +401,193 @@ def test_aggregate_rejects_unreadable_human_labels(fabricated):
         aggregate.run(_config(), labels, bad, f["dir"] / "summary")
     with pytest.raises(aggregate.HumanLabelError, match="does not exist"):
         aggregate.run(_config(), labels, f["dir"] / "missing.csv", f["dir"] / "summary")
+
+
+# ------------------------------------------------------------------------------------------
+# aggregate: degenerate inputs, duplicates, populations (issue: intervals you can publish)
+
+def _labels_file(path, answers, status=None, probs=None):
+    """A labels.parquet as merge writes it: ``answers`` per post (dict question -> yes/no/None)."""
+    n = len(answers)
+    status = status or ["ok" if any(a.values()) else "error" for a in answers]
+    table = {"post_id": [f"p{i:05d}" for i in range(n)], "shard": [0] * n, "status": status,
+             "error_kind": [None if s == "ok" else "timeout" for s in status], "error": [None] * n}
+    for q in ("promotes_product", "shows_face"):
+        table[q] = [a.get(q) for a in answers]
+    for c in ("prompt_tokens", "completion_tokens"):
+        table[c] = pa.array([1000 if s == "ok" else None for s in status], pa.int64())
+    table["latency_s"] = [1.0] * n
+    table["started_at"] = [float(i) for i in range(n)]
+    table["finished_at"] = [float(i) + 1 for i in range(n)]
+    if probs is not None:
+        table["answer_probs"] = [None if p is None else json.dumps(p) for p in probs]
+    pq.write_table(pa.table(table), path)
+    return path
+
+
+def _write_human(path, rows):
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def _run(tmp_path, answers, human_rows, status=None, probs=None):
+    labels = _labels_file(tmp_path / "labels.parquet", answers, status, probs)
+    human = _write_human(tmp_path / "human.csv", human_rows) if human_rows else None
+    summary = tmp_path / "summary"
+    aggregate.run(_config(), labels, human, summary)
+    prev = {r["question"]: r for r in _read_csv(summary / "prevalence.csv")}
+    for name in aggregate.PLOTS:
+        assert (summary / "plots" / f"{name}.png").read_bytes()[:8] == PNG_MAGIC
+    return prev, (summary / "summary.md").read_text(), summary
+
+
+@pytest.mark.parametrize("case", ["all_no", "all_yes", "one_label", "two_labels", "constant_model",
+                                  "every_post_failed"])
+def test_aggregate_degenerate_inputs_give_honest_intervals(tmp_path, case):
+    rng = np.random.default_rng(9)
+    n_posts = 400
+    rare = rng.random(n_posts) < 0.02
+    answers = [{"promotes_product": "yes" if r else "no", "shows_face": "no"} for r in rare]
+    status = None
+    if case == "constant_model":
+        answers = [{"promotes_product": "yes", "shows_face": "yes"} for _ in range(n_posts)]
+    if case == "every_post_failed":
+        answers = [{} for _ in range(n_posts)]
+        status = ["error"] * n_posts
+    n_labels = {"one_label": 1, "two_labels": 2}.get(case, 150)
+    label = "yes" if case == "all_yes" else "no"
+    human = [{"post_id": f"p{i:05d}", "question": "promotes_product", "label": label} for i in range(n_labels)]
+    if case == "constant_model":
+        human = [dict(h, label="yes" if i % 3 == 0 else "no") for i, h in enumerate(human)]
+    prev, md, summary = _run(tmp_path, answers, human, status)
+    p = prev["promotes_product"]
+    k, n = sum(h["label"] == "yes" for h in human), len(human)
+    share, lo, hi = _f(p["human_share"]), _f(p["human_lo"]), _f(p["human_hi"])
+    assert (lo, hi) == pytest.approx(_wilson(k, n))
+    assert lo <= share <= hi and hi - lo > 0
+    c, c_lo, c_hi = _f(p["corrected"]), _f(p["corrected_lo"]), _f(p["corrected_hi"])
+    assert 0 <= c_lo <= c <= c_hi <= 1 and c_hi - c_lo > 0
+    if k == 0:
+        assert lo == 0.0 and 'every human label is "no"' in p["note"]
+    if k == n:
+        assert hi == 1.0 and 'every human label is "yes"' in p["note"]
+    if case in ("all_no", "all_yes", "one_label", "two_labels"):
+        # too few events for a normal interval: the corrected one contains the human-only one
+        assert c_lo <= lo and c_hi >= hi and "widened to contain the human-only interval" in p["note"]
+    if case == "constant_model":
+        assert _f(p["lambda"]) == 0 and "the same for every post" in p["note"]
+    if case == "every_post_failed":
+        assert p["answered"] == "0" and p["model_share"] == "" and "answered no post" in p["note"]
+        assert "the model answered none of the 400 classified posts" in md
+    assert "Note:" in md and f"for all {n_posts} classified posts" in md
+    # no question-level crash either for the unlabelled question
+    assert prev["shows_face"]["human_n"] == "0" and "no usable human label" in prev["shows_face"]["note"]
+
+
+def _wilson(k, n):
+    from vidlabel import stats
+    return stats.wilson_interval(k, n, 0.95)
+
+
+def test_aggregate_names_populations_and_warns_on_skipped_failed_posts(tmp_path):
+    """20 % failed posts; the coders labelled answered posts only (unplayable media skipped)."""
+    rng = np.random.default_rng(12)
+    n_posts = 1000
+    failed = rng.random(n_posts) < 0.2
+    answers = [{} if bad else {"promotes_product": "yes" if rng.random() < 0.4 else "no", "shows_face": "no"}
+               for bad in failed]
+    status = ["error" if bad else "ok" for bad in failed]
+    chosen = [i for i in rng.permutation(n_posts) if not failed[i]][:150]
+    human = [{"post_id": f"p{i:05d}", "question": "promotes_product",
+              "label": answers[i]["promotes_product"]} for i in chosen]
+    prev, md, _ = _run(tmp_path, answers, human, status)
+    p = prev["promotes_product"]
+    assert _f(p["human_no_answer_share"]) == 0 and _f(p["run_no_answer_share"]) == pytest.approx(failed.mean())
+    assert "WARNING" in p["note"] and "skipped" in p["note"]
+    answered = n_posts - failed.sum()
+    assert f"of the {answered:,} posts it answered" in md
+    assert f"the share among all {n_posts:,} classified posts, answered or not" in md
+    assert "Corrected for the model's errors" not in md
+    # a uniform sample of all classified posts raises no such warning
+    human = [{"post_id": f"p{i:05d}", "question": "promotes_product", "label": "yes" if rng.random() < 0.4 else "no"}
+             for i in rng.permutation(n_posts)[:150]]
+    prev, md, _ = _run(tmp_path, answers, human, status)
+    assert "WARNING" not in prev["promotes_product"]["note"]
+
+
+def test_aggregate_resolves_duplicates_by_majority_and_adjudication(tmp_path):
+    answers = [{"promotes_product": "yes" if i % 2 else "no", "shows_face": "no"} for i in range(60)]
+    human = []
+    for i in range(40):  # one coder each on 40 posts, numeric labels as spreadsheets write them
+        human.append({"post_id": f"p{i:05d}", "question": "promotes_product",
+                      "label": ["1.00", "0.0", "1", "0"][i % 4], "adjudication": ""})
+    human += [  # p00040: 2 of 3 coders say yes; p00041: a tie; p00042: a tie settled by adjudication
+        {"post_id": "p00040", "question": "promotes_product", "label": "yes", "adjudication": ""},
+        {"post_id": "p00040", "question": "promotes_product", "label": "yes", "adjudication": ""},
+        {"post_id": "p00040", "question": "promotes_product", "label": "no", "adjudication": ""},
+        {"post_id": "p00041", "question": "promotes_product", "label": "yes", "adjudication": ""},
+        {"post_id": "p00041", "question": "promotes_product", "label": "no", "adjudication": ""},
+        {"post_id": "p00042", "question": "promotes_product", "label": "yes", "adjudication": ""},
+        {"post_id": "p00042", "question": "promotes_product", "label": "no", "adjudication": "no"},
+    ]
+    prev, md, summary = _run(tmp_path, answers, human)
+    p = prev["promotes_product"]
+    # 40 single labels (1, 0, 1, 0, ...: 20 yes) + majority yes + tie 0.5 + adjudicated no
+    assert int(p["human_n"]) == 43 and _f(p["human_yes"]) == 20 + 1 + 0.5
+    assert _f(p["human_share"]) == pytest.approx(21.5 / 43)
+    assert not [r for r in _read_csv(summary / "errors.csv") if r["stage"] == "human_labels"]
+    assert "majority of conflicting labels: 1 post-question(s), e.g. post 'p00040'" in md
+    assert "tie counted as 0.5: 1 post-question(s), e.g. post 'p00041'" in md
+    assert "adjudicated: 1 post-question(s), e.g. post 'p00042'" in md
+    agree = {r["question"]: r for r in _read_csv(summary / "agreement.csv")}["promotes_product"]
+    assert int(agree["n"]) == 42 and int(agree["tied_labels"]) == 1
+
+
+def test_aggregate_uses_answer_probs_as_prediction(tmp_path):
+    rng = np.random.default_rng(14)
+    n_posts = 800
+    p_yes = rng.beta(0.5, 0.8, n_posts)
+    truth = rng.random(n_posts) < p_yes
+    answers = [{"promotes_product": "yes" if p > 0.5 else "no", "shows_face": "no"} for p in p_yes]
+    probs = [{"promotes_product": {"yes": 0.9 * p, "no": 0.9 * (1 - p)}, "shows_face": {"yes": 0.1, "no": 0.9}}
+             for p in p_yes]
+    probs[0] = None  # the server gave no log-probabilities for this post: its hard answer is used
+    probs[1] = {"promotes_product": {"yes": "x", "no": 0.2}}  # unreadable: the hard answer again
+    labelled = rng.permutation(n_posts)[:200]
+    human = [{"post_id": f"p{i:05d}", "question": "promotes_product", "label": "yes" if truth[i] else "no"}
+             for i in labelled]
+    prev, md, _ = _run(tmp_path, answers, human, probs=probs)
+    fhat = p_yes.copy()  # renormalised over yes + no
+    fhat[:2] = [float(answers[i]["promotes_product"] == "yes") for i in range(2)]
+    y = truth[labelled].astype(float)
+    import ppi_py
+    est = float(np.ravel(ppi_py.ppi_mean_pointestimate(y, fhat[labelled], fhat))[0])
+    assert _f(prev["promotes_product"]["corrected"]) == pytest.approx(est, abs=1e-9)
+    assert prev["promotes_product"]["note"] == ""  # SQL and ppi_py agree on the soft predictions too
+
+
+def test_aggregate_reads_a_label_studio_export(tmp_path, monkeypatch):
+    """A .json human-label file goes through vidlabel.labelstudio.read_export (stood in here)."""
+    import sys
+    import types
+
+    answers = [{"promotes_product": "yes" if i % 3 == 0 else "no", "shows_face": "no"} for i in range(90)]
+    export = pa.table({"post_id": [f"p{i:05d}" for i in range(30)] * 2,
+                       "question": ["promotes_product"] * 60,
+                       "label": ["yes" if i % 3 == 0 else "no" for i in range(30)] * 2,
+                       "sampling_probability": [30 / 90] * 60,
+                       "annotator": ["ann1"] * 30 + ["ann2"] * 30})
+    calls = []
+    fake = types.ModuleType("vidlabel.labelstudio")
+    fake.read_export = lambda path: calls.append(path) or export
+    monkeypatch.setitem(sys.modules, "vidlabel.labelstudio", fake)
+    (tmp_path / "export.json").write_text("[]")
+    labels = _labels_file(tmp_path / "labels.parquet", answers)
+    aggregate.run(_config(), labels, tmp_path / "export.json", tmp_path / "summary")
+    assert calls == [tmp_path / "export.json"]
+    p = {r["question"]: r for r in _read_csv(tmp_path / "summary" / "prevalence.csv")}["promotes_product"]
+    # two annotators who agree: 30 posts, equal probabilities: a uniform design
+    assert p["human_n"] == "30" and p["design"] == "uniform" and _f(p["human_share"]) == pytest.approx(10 / 30)

@@ -81,3 +81,30 @@ def test_active_design_small_coverage_and_gain():
     assert np.mean((ci["lo"] <= target) & (target <= ci["hi"])) >= 0.92
     uniform = stats.uniform_equivalent_se(s, truth, drawn, pi)
     assert np.mean(est["se"]) < 0.8 * np.mean(uniform)
+
+
+def test_recalibrate_repairs_overconfidence_and_flattens_noise():
+    rng = np.random.default_rng(7)
+    n_posts = 20_000
+    s = rng.beta(0.15, 0.35, n_posts)
+    y = (rng.random(n_posts) < s).astype(float)
+    burn = rng.permutation(n_posts)[:150]
+    logit = np.log(s / (1 - s))
+    overconfident = 1 / (1 + np.exp(-3 * logit))
+    noise = rng.beta(0.15, 0.35, n_posts)  # varies, says nothing
+    fixed = sampling.recalibrate(overconfident, overconfident[burn], y[burn])
+    flat = sampling.recalibrate(noise, noise[burn], y[burn])
+    # the overconfident model's probabilities move back towards the calibrated ones
+    assert np.mean((fixed - s) ** 2) < 0.7 * np.mean((overconfident - s) ** 2)
+    # the noise collapses towards the burn-in share: the design becomes nearly uniform
+    assert flat.std() < 0.3 * noise.std() and abs(flat.mean() - y.mean()) < 0.1
+    pi = sampling.inclusion_probabilities(sampling.post_uncertainty(flat), 300, 0.3)
+    assert pi.max() / pi.min() < 3
+    assert np.isnan(sampling.recalibrate(np.array([np.nan, 0.5]), s[burn], y[burn])[0])
+    with pytest.raises(ValueError, match="burn-in"):
+        sampling.recalibrate(s, np.array([np.nan]), np.array([1.0]))
+
+
+def test_union_inclusion():
+    assert sampling.union_inclusion(0.1, np.array([0.0, 0.5, 1.0])) == pytest.approx([0.1, 0.55, 1.0])
+    assert sampling.union_inclusion(np.array([0.2, 0.3])) == pytest.approx([0.2, 0.3])

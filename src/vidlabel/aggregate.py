@@ -384,11 +384,11 @@ def _no_answer_share_check(row: dict, no_answer: np.ndarray, labelled: np.ndarra
         kish = float(w.sum() ** 2 / (w * w).sum())
         spread = math.sqrt(run_share * (1 - run_share) / kish)
         p_value = 2 * norm.sf(abs(sample_share - run_share) / spread) if spread > 0 else float(
-            sample_share != run_share)
+            sample_share == run_share)
     else:
         k = int(no_answer[labelled].sum())
         sample_share = k / n
-        p_value = binomtest(k, n, run_share).pvalue if 0 < run_share < 1 else float(sample_share != run_share)
+        p_value = binomtest(k, n, run_share).pvalue if 0 < run_share < 1 else float(sample_share == run_share)
     row["run_no_answer_share"], row["human_no_answer_share"] = run_share, sample_share
     if p_value < NO_ANSWER_SHARE_ALPHA:
         log.warning("question %s: %.1f%% of the human-labelled posts have no model answer, %.1f%% of the run's",
@@ -516,8 +516,6 @@ def _prevalence_sentence(r: dict, human: dict | None, c: str) -> str:
                 half = (r["corrected_hi"] - r["corrected_lo"]) / 2
                 s += (f" A uniform random sample of as many posts would have given about ±{_pct(r['uniform_halfwidth'])} "
                       f"(PPI++) against ±{_pct(half)} here.")
-    elif human:
-        s += " No usable human label for this question: no human-only or corrected share."
     if r.get("note"):
         s += f" Note: {r['note']}."
     return s
@@ -553,7 +551,7 @@ def summary_markdown(config, status_counts, prevalence_rows, agreement_rows, tok
             if a["no_model_answer"]:
                 s += f" {a['no_model_answer']:,} labelled posts have no model answer and are not compared."
             if a["tied_labels"]:
-                s += f" {a['tied_labels']:,} posts with tied human labels are not compared."
+                s += f" {a['tied_labels']:,} labelled post(s) with tied human labels are not compared."
             if a["note"]:
                 s += f" Note: {a['note']}."
             out.append(s)

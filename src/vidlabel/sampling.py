@@ -96,3 +96,51 @@ def draw(pi: np.ndarray, seed: int) -> np.ndarray:
         raise ValueError("inclusion probabilities must lie in [0, 1]")
     rng = np.random.default_rng(seed)
     return rng.random(pi.shape) < pi
+
+
+def recalibrate(p_yes: np.ndarray, p_burnin: np.ndarray, y_burnin: np.ndarray, penalty: float = 1.0) -> np.ndarray:
+    """The model's P(yes) recalibrated on a labelled burn-in sample (Platt scaling).
+
+    Fits P(Y = 1) = sigmoid(a + b logit(p)) on the burn-in (``p_burnin``, labels ``y_burnin`` in
+    [0, 1]) by penalised maximum likelihood (ridge ``penalty`` on a and b around the burn-in's
+    share and 0: a small burn-in pulls towards "the model says nothing", the safe side), with b >= 0,
+    and applies it to ``p_yes`` (NaN stays NaN). An over-confident model gets b < 1, an
+    uninformative one b ~ 0, so its probabilities collapse to the share and the design to uniform
+    instead of spending labels on noise. The recalibrated P(yes) shapes pi only; the estimate stays
+    unbiased whatever it is. Note: pi then depends on the burn-in's labels, so the burn-in posts
+    are labelled with certainty given that design: give them sampling_probability 1 and keep them out
+    of the active draw (docs/statistics.md).
+    """
+    p_b = np.clip(np.asarray(p_burnin, dtype=float), 1e-6, 1 - 1e-6)
+    y_b = np.asarray(y_burnin, dtype=float)
+    keep = np.isfinite(p_b) & np.isfinite(y_b)
+    x, y = np.log(p_b[keep] / (1 - p_b[keep])), y_b[keep]
+    if y.size == 0:
+        raise ValueError("no labelled burn-in post with a probability to recalibrate on")
+    share = float(np.clip(y.mean(), 0.5 / (y.size + 1), 1 - 0.5 / (y.size + 1)))
+    prior = np.array([np.log(share / (1 - share)), 0.0])
+    theta = prior.copy()
+    design = np.c_[np.ones(y.size), x]
+    for _ in range(100):  # Newton steps on the penalised log-likelihood (concave: converges)
+        mu = 1 / (1 + np.exp(-(design @ theta)))
+        grad = design.T @ (y - mu) - penalty * (theta - prior)
+        hess = design.T @ (design * (mu * (1 - mu))[:, None]) + penalty * np.eye(2)
+        step = np.linalg.solve(hess, grad)
+        theta = theta + step
+        if theta[1] < 0:  # an anti-informative fit: treat the model as saying nothing
+            theta[1] = 0.0
+        if np.abs(step).max() < 1e-10:
+            break
+    p = np.asarray(p_yes, dtype=float)
+    x_all = np.log(np.clip(p, 1e-6, 1 - 1e-6) / (1 - np.clip(p, 1e-6, 1 - 1e-6)))
+    return np.where(np.isfinite(p), 1 / (1 + np.exp(-(theta[0] + theta[1] * x_all))), np.nan)
+
+
+def union_inclusion(*pis: np.ndarray) -> np.ndarray:
+    """Inclusion probability in the union of independent samples: 1 - prod(1 - pi_k). A uniform
+    burn-in of n0 of N posts (pi = n0/N) and an active sample drawn independently of its labels
+    combine this way; give the result as sampling_probability for every labelled post."""
+    out = np.ones(np.broadcast_shapes(*(np.shape(p) for p in pis)))
+    for p in pis:
+        out = out * (1 - np.asarray(p, dtype=float))
+    return 1 - out
