@@ -1,6 +1,7 @@
 """Active sampling against a uniform human sample, by simulation (issue: spend human labels where the model is unsure).
 
     .venv/bin/python benchmarks/active_sampling.py [--reps 1000] [--posts 35000] [--floor-share 0.5]
+        [--burn-in-share 0.2] [--burn-in-floor-share 0.2]
 
 For each prevalence, model and label budget it draws ``--reps`` populations of ``--posts`` posts
 (``_stats_sim.population``) and, on each, three estimates from the same budget:
@@ -12,13 +13,14 @@ For each prevalence, model and label budget it draws ``--reps`` populations of `
              same way.
   burn-in    a uniform burn-in of ``--burn-in-share`` of the budget recalibrates P(yes)
              (vidlabel.sampling.recalibrate); the rest of the budget is drawn actively with the
-             recalibrated P(yes) (a post drawn twice is labelled once); every labelled post carries
-             its inclusion probability in the union (vidlabel.sampling.union_inclusion).
+             recalibrated P(yes) and floor ``--burn-in-floor-share`` (a post drawn twice is labelled
+             once); every labelled post carries its inclusion probability in the union
+             (vidlabel.sampling.union_inclusion).
 Models: calibrated (Beta concentration ``--concentration``), overconfident (same ranking,
 sigmoid(3 logit p)), uninformative (P(yes) drawn independently of Y: varies but says nothing),
 constant (P(yes) = the prevalence for every post: calibrated and uninformative).
-Prints coverage and mean width of each, the width ratio active / uniform, and the uniform budget
-that would give the active width (from the uniform widths at the three budgets, width ∝ n^-b fitted
+Prints coverage and mean width of each, the width ratios to uniform, and the uniform budget that
+would give the same width (from the uniform widths at the three budgets, width ∝ n^-b fitted
 in log-log), hence the share of labels saved.
 """
 
@@ -67,8 +69,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=1000)
     ap.add_argument("--posts", type=int, default=35_000)
     ap.add_argument("--concentration", type=float, default=0.5)
-    ap.add_argument("--floor-share", type=float, default=0.5)
-    ap.add_argument("--burn-in-share", type=float, default=1 / 3)
+    ap.add_argument("--floor-share", type=float, default=0.5)  # active without burn-in
+    ap.add_argument("--burn-in-share", type=float, default=0.2)
+    ap.add_argument("--burn-in-floor-share", type=float, default=0.2)
     ap.add_argument("--seed", type=int, default=2)
     ap.add_argument("--prevalences", default=",".join(map(str, PREVALENCES)))
     ap.add_argument("--models", default=",".join(MODELS))
@@ -96,7 +99,7 @@ def main() -> None:
                     h = stats.hajek_share(truth, pi, CONFIDENCE, drawn)
                     a = stats.active_mean(p, truth, drawn, pi, CONFIDENCE)
                     act = reported(a["estimate"], a["se"], truth, p, drawn, (h["lo"], h["hi"]), pi)
-                    burn = burn_in_estimate(rng, truth, p, budget, args.floor_share, args.burn_in_share)
+                    burn = burn_in_estimate(rng, truth, p, budget, args.burn_in_floor_share, args.burn_in_share)
                     for name, (lo, hi) in (("classical", human), ("uniform", uni), ("active", act), ("burnin", burn)):
                         cell.setdefault(name + "_cov", []).append(covers(lo, hi, target))
                         cell.setdefault(name + "_width", []).append(hi - lo)
@@ -104,11 +107,11 @@ def main() -> None:
                     cell.setdefault("pi_max_over_min", []).append(pi.max(axis=1) / pi.min(axis=1))
             results[(prev, model, "accuracy")] = float(np.mean(acc))
     print(f"reps {args.reps}, N {args.posts:,}, Beta concentration {args.concentration}, floor share "
-          f"{args.floor_share}, burn-in share {args.burn_in_share:.3g}, seed {args.seed}; {time.time() - started:.0f} s")
+          f"{args.floor_share} (burn-in design: {args.burn_in_floor_share}), burn-in share {args.burn_in_share:.3g}, seed {args.seed}; {time.time() - started:.0f} s")
     print()
     print("| prevalence | model | accuracy | budget | labels (active, mean) | coverage classical / uniform / active / "
           "burn-in | width classical / uniform / active / burn-in | active / uniform width | burn-in / uniform width "
-          "| uniform labels for the active width | labels saved |")
+          "| uniform labels for the same width: active / burn-in | labels saved: active / burn-in |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for prev in [float(x) for x in args.prevalences.split(",")]:
         for model in args.models.split(","):
@@ -117,13 +120,13 @@ def main() -> None:
             # uniform width ~ A n^-b, fitted on the three budgets
             slope, intercept = np.polyfit(np.log(BUDGETS), np.log([c["uniform_width"] for c in mean]), 1)
             for budget, c in zip(BUDGETS, mean):
-                equivalent = float(np.exp((np.log(c["active_width"]) - intercept) / slope))
+                equivalent = [float(np.exp((np.log(c[k]) - intercept) / slope)) for k in ("active_width", "burnin_width")]
                 print(f"| {prev} | {model} | {results[(prev, model, 'accuracy')]:.3f} | {budget} | {c['labels']:.0f} | "
                       f"{c['classical_cov']:.3f} / {c['uniform_cov']:.3f} / {c['active_cov']:.3f} / "
                       f"{c['burnin_cov']:.3f} | {c['classical_width']:.4f} / {c['uniform_width']:.4f} / "
                       f"{c['active_width']:.4f} / {c['burnin_width']:.4f} | {c['active_width'] / c['uniform_width']:.3f} | "
-                      f"{c['burnin_width'] / c['uniform_width']:.3f} | {equivalent:.0f} | "
-                      f"{1 - budget / equivalent:.0%} |")
+                      f"{c['burnin_width'] / c['uniform_width']:.3f} | {equivalent[0]:.0f} / {equivalent[1]:.0f} | "
+                      f"{1 - budget / equivalent[0]:.0%} / {1 - budget / equivalent[1]:.0%} |")
 
 
 if __name__ == "__main__":

@@ -66,6 +66,10 @@ PLOTS = ("input_tokens", "output_tokens", "prevalence", "throughput", "errors")
 # significance level gets a warning: coders skipping failed posts (unplayable media) would leave
 # the corrected share describing the answered posts only.
 NO_ANSWER_SHARE_ALPHA = 0.01
+# Under unequal sampling probabilities, fewer effective events than this left the reported interval
+# at 92-93 % coverage in benchmarks/coverage.py when the probabilities followed the model's P(yes)
+# (0.95 or more when they followed its uncertainty, as vidlabel.sampling draws them); said in a note.
+WEIGHTED_FEW_EVENTS = 30
 TIMELINE_BINS = 200
 # The SQL moments must reproduce ppi_py; a larger gap means a bug, reported loudly.
 PPI_CROSSCHECK_TOLERANCE = 1e-9
@@ -364,6 +368,10 @@ def _human_and_corrected(con, qid: str, row: dict, mom: dict | None, confidence:
         notes.append(f"only {events:.1f} events back the corrected interval (the fewest of labelled \"yes\", "
                      f"labelled \"no\" and model-human disagreements; fewer than {stats.MIN_EVENTS}): it is "
                      "widened to contain the human-only interval")
+    elif weighted and events < WEIGHTED_FEW_EVENTS:
+        notes.append(f"{events:.1f} effective events under unequal sampling probabilities: such intervals "
+                     "covered 92-93 % in simulation when the probabilities followed the model's P(yes), 95 % or more "
+                     "when they followed its uncertainty (docs/statistics.md)")
     if not np.ptp(f) > 0:
         notes.append("the model's prediction is the same for every post: lambda = 0, the corrected share is "
                      "the human labels' mean with a t interval, the human-only interval is the one to quote")
