@@ -11,11 +11,10 @@ For each prevalence, model and label budget it draws ``--reps`` populations of `
   active     a Poisson sample with pi from vidlabel.sampling (sqrt of p(1 - p), uniform floor
              ``--floor-share``) and the active estimator vidlabel.stats.active_mean, reported the
              same way.
-  burn-in    a uniform burn-in of ``--burn-in-share`` of the budget recalibrates P(yes)
-             (vidlabel.sampling.recalibrate); the rest of the budget is drawn actively with the
-             recalibrated P(yes) and floor ``--burn-in-floor-share`` (a post drawn twice is labelled
-             once); every labelled post carries its inclusion probability in the union
-             (vidlabel.sampling.union_inclusion).
+  burn-in    a uniform burn-in of ``--burn-in-share`` of the budget, then the rest drawn by
+             vidlabel.sampling.burn_in_design (P(yes) recalibrated on the burn-in, floor
+             ``--burn-in-floor-share``, every labelled post with its inclusion probability in the
+             union of the two samples); the recalibrated P(yes) is the prediction.
 Models: calibrated (Beta concentration ``--concentration``), overconfident (same ranking,
 sigmoid(3 logit p)), uninformative (P(yes) drawn independently of Y: varies but says nothing),
 constant (P(yes) = the prevalence for every post: calibrated and uninformative).
@@ -48,16 +47,16 @@ def reported(estimate, se, truth, f, labelled, human, pi=None):
 
 
 def burn_in_estimate(rng, truth, p, budget, floor_share, burn_in_share):
-    """A uniform burn-in (``--burn-in-share`` of the budget) recalibrates P(yes); the rest is drawn actively
-    from the other posts; every labelled post carries its two-phase inclusion probability
-    pi_u + (1 - pi_u) pi_a (sampling.union_inclusion of the uniform and the active design)."""
+    """A uniform burn-in (``--burn-in-share`` of the budget), then vidlabel.sampling.burn_in_design
+    for the rest; estimate with the recalibrated P(yes) as prediction."""
     reps, n_posts = truth.shape
     first = int(round(budget * burn_in_share))
     burn = simple_random_sample(rng, reps, n_posts, first)
+    pi = np.empty((reps, n_posts))
+    pi_active = np.empty((reps, n_posts))
+    for r in range(reps):
+        pi[r], pi_active[r] = sampling.burn_in_design(p[r], burn[r], truth[r][burn[r]], budget, floor_share)
     recal = np.stack([sampling.recalibrate(p[r], p[r][burn[r]], truth[r][burn[r]]) for r in range(reps)])
-    pi_active = np.stack([sampling.inclusion_probabilities(sampling.post_uncertainty(row), budget - first, floor_share)
-                          for row in recal])
-    pi = sampling.union_inclusion(first / n_posts, pi_active)
     drawn = burn | poisson_draw(rng, pi_active)
     h = stats.hajek_share(truth, pi, CONFIDENCE, drawn)
     a = stats.active_mean(recal, truth, drawn, pi, CONFIDENCE)

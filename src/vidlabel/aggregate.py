@@ -373,8 +373,8 @@ def _human_and_corrected(con, qid: str, row: dict, mom: dict | None, confidence:
                      "covered 92-93 % in simulation when the probabilities followed the model's P(yes), 95 % or more "
                      "when they followed its uncertainty (docs/statistics.md)")
     if not np.ptp(f) > 0:
-        notes.append("the model's prediction is the same for every post: lambda = 0, the corrected share is "
-                     "the human labels' mean with a t interval, the human-only interval is the one to quote")
+        notes.append("the model's prediction is the same for every post: lambda = 0, the corrected share rests on "
+                     "the human labels alone (with a t interval): the human-only interval is the one to quote")
     notes += _no_answer_share_check(row, no_answer, labelled, pi, weighted)
     return notes
 

@@ -98,30 +98,14 @@ def draw(pi: np.ndarray, seed: int) -> np.ndarray:
     return rng.random(pi.shape) < pi
 
 
-def recalibrate(p_yes: np.ndarray, p_burnin: np.ndarray, y_burnin: np.ndarray, penalty: float = 1.0) -> np.ndarray:
-    """The model's P(yes) recalibrated on a labelled burn-in sample (Platt scaling).
-
-    Fits P(Y = 1) = sigmoid(a + b logit(p)) on the burn-in (``p_burnin``, labels ``y_burnin`` in
-    [0, 1]) by penalised maximum likelihood (ridge ``penalty`` on a and b around the burn-in's
-    share and 0: a small burn-in pulls towards "the model says nothing", the safe side), with b >= 0,
-    and applies it to ``p_yes`` (NaN stays NaN). An over-confident model gets b < 1, an
-    uninformative one b ~ 0, so its probabilities collapse to the share and the design to uniform
-    instead of spending labels on noise. The recalibrated P(yes) shapes pi only; the estimate stays
-    unbiased whatever it is. Note: pi then depends on the burn-in's labels, so the burn-in posts
-    are labelled with certainty given that design: give them sampling_probability 1 and keep them out
-    of the active draw (docs/statistics.md).
-    """
-    p_b = np.clip(np.asarray(p_burnin, dtype=float), 1e-6, 1 - 1e-6)
-    y_b = np.asarray(y_burnin, dtype=float)
-    keep = np.isfinite(p_b) & np.isfinite(y_b)
-    x, y = np.log(p_b[keep] / (1 - p_b[keep])), y_b[keep]
-    if y.size == 0:
-        raise ValueError("no labelled burn-in post with a probability to recalibrate on")
+def _platt_fit(x: np.ndarray, y: np.ndarray, penalty: float) -> np.ndarray:
+    """(a, b) of P(Y = 1) = sigmoid(a + b x) by penalised maximum likelihood, ridge ``penalty``
+    around (logit of the sample's share, 0), with b >= 0 (Newton steps; the objective is concave)."""
     share = float(np.clip(y.mean(), 0.5 / (y.size + 1), 1 - 0.5 / (y.size + 1)))
     prior = np.array([np.log(share / (1 - share)), 0.0])
     theta = prior.copy()
     design = np.c_[np.ones(y.size), x]
-    for _ in range(100):  # Newton steps on the penalised log-likelihood (concave: converges)
+    for _ in range(100):
         mu = 1 / (1 + np.exp(-(design @ theta)))
         grad = design.T @ (y - mu) - penalty * (theta - prior)
         hess = design.T @ (design * (mu * (1 - mu))[:, None]) + penalty * np.eye(2)
@@ -131,9 +115,96 @@ def recalibrate(p_yes: np.ndarray, p_burnin: np.ndarray, y_burnin: np.ndarray, p
             theta[1] = 0.0
         if np.abs(step).max() < 1e-10:
             break
+    return theta
+
+
+def _logit(p: np.ndarray) -> np.ndarray:
+    p = np.clip(p, 1e-6, 1 - 1e-6)
+    return np.log(p / (1 - p))
+
+
+def recalibrate(p_yes: np.ndarray, p_burnin: np.ndarray, y_burnin: np.ndarray, penalty: float = 1.0) -> np.ndarray:
+    """The model's P(yes) recalibrated on a labelled burn-in sample (Platt scaling).
+
+    Fits P(Y = 1) = sigmoid(a + b logit(p)) on the burn-in (``p_burnin``, labels ``y_burnin`` in
+    [0, 1]) by penalised maximum likelihood (ridge ``penalty`` on a and b around the burn-in's
+    share and 0: a small burn-in pulls towards "the model says nothing", the safe side), with b >= 0,
+    and applies it to ``p_yes`` (NaN stays NaN). An over-confident model gets b < 1, an
+    uninformative one b ~ 0, so its probabilities collapse to the share and the design to uniform
+    instead of spending labels on noise. ``burn_in_design`` builds the whole design from it.
+    """
+    p_b = np.asarray(p_burnin, dtype=float)
+    y_b = np.asarray(y_burnin, dtype=float)
+    keep = np.isfinite(p_b) & np.isfinite(y_b)
+    if not keep.any():
+        raise ValueError("no labelled burn-in post with a probability to recalibrate on")
+    a, b = _platt_fit(_logit(p_b[keep]), y_b[keep], penalty)
     p = np.asarray(p_yes, dtype=float)
-    x_all = np.log(np.clip(p, 1e-6, 1 - 1e-6) / (1 - np.clip(p, 1e-6, 1 - 1e-6)))
-    return np.where(np.isfinite(p), 1 / (1 + np.exp(-(theta[0] + theta[1] * x_all))), np.nan)
+    return np.where(np.isfinite(p), 1 / (1 + np.exp(-(a + b * _logit(p)))), np.nan)
+
+
+def burn_in_design(p_yes: np.ndarray, burn_in: np.ndarray, y_burn_in: np.ndarray, budget: float,
+                   floor_share: float, penalty: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """Active design after a uniform burn-in: (sampling_probability of every post, recalibrated P(yes)).
+
+    ``p_yes``: (N, Q) or (N,) model probabilities; ``burn_in``: (N,) bool, the posts of a uniform
+    burn-in sample (already labelled); ``y_burn_in``: their labels, (n0, Q) or (n0,), NaN where
+    missing; ``budget``: labels in all, burn-in included. Each question's P(yes) is recalibrated on
+    the burn-in (``recalibrate``), the remaining budget is spread over the other posts with
+    ``inclusion_probabilities``, and every post gets its inclusion probability in the union of the
+    two samples, n0/N + (1 - n0/N) pi_active (``union_inclusion``). A burn-in post's pi_active is
+    computed from a recalibration fitted without its own label: with its label in the fit its
+    probability would lean towards its own answer and its weight 1/pi with it (a few rare positives
+    in a small burn-in then bias the estimate low).
+
+    Returns (pi, pi_active): pi is what the label file's ``sampling_probability`` must hold for
+    every labelled post; pi_active is the probability to draw each other post with
+    (``draw(pi_active, seed)``; 0 for the burn-in posts).
+    """
+    p = np.asarray(p_yes, dtype=float)
+    p = p[:, None] if p.ndim == 1 else p
+    burn = np.asarray(burn_in, bool)
+    y_b = np.asarray(y_burn_in, dtype=float)
+    y_b = y_b[:, None] if y_b.ndim == 1 else y_b
+    n_posts, n_questions = p.shape
+    n_burn = int(burn.sum())
+    if y_b.shape != (n_burn, n_questions):
+        raise ValueError(f"y_burn_in must have shape ({n_burn}, {n_questions}), got {y_b.shape}")
+    if not 0 < n_burn < budget:
+        raise ValueError(f"the burn-in ({n_burn} posts) must be non-empty and smaller than the budget ({budget})")
+    x = _logit(p)
+    fits = []
+    calibrated = np.empty_like(p)
+    for q in range(n_questions):
+        keep = np.isfinite(p[burn, q]) & np.isfinite(y_b[:, q])
+        if not keep.any():
+            raise ValueError(f"question {q}: no labelled burn-in post with a probability to recalibrate on")
+        theta = _platt_fit(x[burn, q][keep], y_b[keep, q], penalty)
+        fits.append((theta, keep))
+        calibrated[:, q] = np.where(np.isfinite(p[:, q]), 1 / (1 + np.exp(-(theta[0] + theta[1] * x[:, q]))), np.nan)
+    uncertainty = post_uncertainty(calibrated)
+    pi_active = np.zeros(n_posts)
+    rest = ~burn
+    pi_active[rest] = inclusion_probabilities(uncertainty[rest], budget - n_burn, floor_share)
+    # Burn-in posts: the probability they would have had, with their own label left out of the fit,
+    # on the same scale as the others (the normaliser of sqrt(u) hardly moves without one post).
+    root_sum = np.sqrt(uncertainty[rest]).sum()
+    scale = (budget - n_burn) * (1 - floor_share) / root_sum if root_sum > 0 else 0.0
+    floor = (budget - n_burn) * floor_share / rest.sum() if root_sum > 0 else (budget - n_burn) / rest.sum()
+    burn_index = np.flatnonzero(burn)
+    for j, i in enumerate(burn_index):
+        loo = np.empty(n_questions)
+        for q, (theta, keep) in enumerate(fits):
+            idx = np.flatnonzero(keep)
+            if not np.isfinite(p[i, q]):
+                loo[q] = np.nan
+                continue
+            if j in idx and idx.size > 1:
+                others = idx[idx != j]
+                theta = _platt_fit(x[burn, q][others], y_b[others, q], penalty)
+            loo[q] = 1 / (1 + np.exp(-(theta[0] + theta[1] * x[i, q])))
+        pi_active[i] = min(1.0, scale * np.sqrt(post_uncertainty(loo[None, :])[0]) + floor)
+    return union_inclusion(n_burn / n_posts, pi_active), np.where(burn, 0.0, pi_active)
 
 
 def union_inclusion(*pis: np.ndarray) -> np.ndarray:

@@ -322,23 +322,30 @@ MIN_EVENTS = 10
 
 def sample_events(y, f, labelled=None, pi=None):
     """The fewest of: labelled positives, labelled negatives, disagreement mass sum |y - f| (a
-    probability counts by how far it is off). With inclusion probabilities ``pi`` (a weighted
-    design) each count is scaled by Kish's effective share (sum w)^2 / (n sum w^2), w = 1/pi: a
-    positive drawn with a tiny probability carries the weight of many, and the normal interval
-    behaves as if there were fewer events. Vectorised over leading dimensions."""
+    probability counts by how far it is off). Vectorised over leading dimensions.
+
+    With inclusion probabilities ``pi`` (a weighted design), w = 1/pi, a label drawn with a small
+    probability carries the weight of many and the normal interval behaves as if there were fewer
+    events: each count is scaled by Kish's effective share (sum w)^2 / (n sum w^2), and the
+    effective numbers of positives, negatives and disagreements, (sum v)^2 / sum v^2 with v = w y,
+    w (1 - y) and w |y - f|, join the minimum (one heavy positive the model missed counts as ~1).
+    """
     y = np.asarray(y, dtype=float)
     labelled = np.ones(y.shape, bool) if labelled is None else np.asarray(labelled, bool)
     y0 = np.where(labelled, y, 0.0)
     n = labelled.sum(axis=-1)
     positives = y0.sum(axis=-1)
     negatives = n - positives
-    disagreement = np.where(labelled, np.abs(y0 - np.asarray(f, dtype=float)), 0.0).sum(axis=-1)
-    events = np.minimum(np.minimum(positives, negatives), disagreement)
+    miss = np.where(labelled, np.abs(y0 - np.asarray(f, dtype=float)), 0.0)
+    events = np.minimum(np.minimum(positives, negatives), miss.sum(axis=-1))
     if pi is not None:
         w = np.where(labelled, 1.0 / np.where(labelled, np.asarray(pi, dtype=float), 1.0), 0.0)
         with np.errstate(invalid="ignore", divide="ignore"):
             kish_share = np.where(n > 0, w.sum(axis=-1) ** 2 / ((w * w).sum(axis=-1) * np.where(n > 0, n, 1)), 0.0)
-        events = events * kish_share
+            events = events * kish_share
+            for v in (w * y0, w * np.where(labelled, 1.0 - y0, 0.0), w * miss):
+                total, square = v.sum(axis=-1), (v * v).sum(axis=-1)
+                events = np.minimum(events, np.where(square > 0, total**2 / np.where(square > 0, square, 1.0), 0.0))
     return _squeeze(events)
 
 
