@@ -108,3 +108,45 @@ def test_recalibrate_repairs_overconfidence_and_flattens_noise():
 def test_union_inclusion():
     assert sampling.union_inclusion(0.1, np.array([0.0, 0.5, 1.0])) == pytest.approx([0.1, 0.55, 1.0])
     assert sampling.union_inclusion(np.array([0.2, 0.3])) == pytest.approx([0.2, 0.3])
+
+
+def test_burn_in_design_probabilities():
+    rng = np.random.default_rng(11)
+    n_posts, budget = 8_000, 300
+    s = rng.beta(0.1, 0.4, (n_posts, 2))
+    y = (rng.random((n_posts, 2)) < s).astype(float)
+    burn = np.zeros(n_posts, bool)
+    burn[rng.permutation(n_posts)[:60]] = True
+    pi, pi_active = sampling.burn_in_design(s, burn, y[burn], budget, 0.2)
+    assert np.all(pi_active[burn] == 0) and pi_active[~burn].sum() == pytest.approx(budget - 60)
+    assert pi[~burn] == pytest.approx(60 / n_posts + (1 - 60 / n_posts) * pi_active[~burn])
+    assert np.all((pi >= 60 / n_posts) & (pi <= 1))
+    # the other posts follow sqrt(u) of the recalibrated probabilities
+    full = np.c_[sampling.recalibrate(s[:, 0], s[burn, 0], y[burn, 0]),
+                 sampling.recalibrate(s[:, 1], s[burn, 1], y[burn, 1])]
+    u_full = sampling.post_uncertainty(full)
+    assert np.corrcoef(pi[~burn], np.sqrt(u_full[~burn]))[0, 1] > 0.99
+    assert np.all(np.isfinite(pi[burn]))
+    with pytest.raises(ValueError, match="shape"):
+        sampling.burn_in_design(s, burn, y[burn][:, 0], budget, 0.2)
+    with pytest.raises(ValueError, match="smaller than the budget"):
+        sampling.burn_in_design(s, burn, y[burn], 60, 0.2)
+
+
+def test_burn_in_design_estimate_is_unbiased_at_low_prevalence():
+    """The burn-in posts' weights come from leave-one-out fits: no downward pull from the few
+    positives a small burn-in holds (300 repetitions, prevalence ~5 %, an over-confident model)."""
+    rng = np.random.default_rng(12)
+    reps, n_posts, budget = 300, 4_000, 200
+    errors = []
+    for _ in range(reps):
+        s = rng.beta(0.05 * 0.5, 0.95 * 0.5, n_posts)
+        y = (rng.random(n_posts) < s).astype(float)
+        p = 1 / (1 + np.exp(-3 * np.log(np.clip(s, 1e-9, 1) / np.clip(1 - s, 1e-9, 1))))
+        burn = np.zeros(n_posts, bool)
+        burn[rng.permutation(n_posts)[:40]] = True
+        pi, pi_active = sampling.burn_in_design(p, burn, y[burn], budget, 0.2)
+        drawn = burn | (rng.random(n_posts) < pi_active)
+        est = stats.active_mean(sampling.recalibrate(p, p[burn], y[burn]), y, drawn, pi, 0.95)
+        errors.append(est["estimate"] - y.mean())
+    assert abs(np.mean(errors)) < 3 * np.std(errors) / np.sqrt(reps)
