@@ -477,6 +477,7 @@ def test_aggregate_degenerate_inputs_give_honest_intervals(tmp_path, case):
     if case in ("all_no", "all_yes", "one_label", "two_labels"):
         # too few events for a normal interval: the corrected one contains the human-only one
         assert c_lo <= lo and c_hi >= hi and "widened to contain the human-only interval" in p["note"]
+    assert ("Wilson's coverage dips" in p["note"]) == (n < 50)
     if case == "constant_model":
         assert _f(p["lambda"]) == 0 and "the same for every post" in p["note"]
     if case == "every_post_failed":
