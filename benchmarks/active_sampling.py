@@ -69,7 +69,7 @@ def main() -> None:
     ap.add_argument("--posts", type=int, default=35_000)
     ap.add_argument("--concentration", type=float, default=0.5)
     ap.add_argument("--floor-share", type=float, default=0.5)  # active without burn-in
-    ap.add_argument("--burn-in-share", type=float, default=0.2)
+    ap.add_argument("--burn-in-share", type=float, default=0.2, help="0 leaves the burn-in design out")
     ap.add_argument("--burn-in-floor-share", type=float, default=0.2)
     ap.add_argument("--seed", type=int, default=2)
     ap.add_argument("--prevalences", default=",".join(map(str, PREVALENCES)))
@@ -98,7 +98,8 @@ def main() -> None:
                     h = stats.hajek_share(truth, pi, CONFIDENCE, drawn)
                     a = stats.active_mean(p, truth, drawn, pi, CONFIDENCE)
                     act = reported(a["estimate"], a["se"], truth, p, drawn, (h["lo"], h["hi"]), pi)
-                    burn = burn_in_estimate(rng, truth, p, budget, args.burn_in_floor_share, args.burn_in_share)
+                    burn = (burn_in_estimate(rng, truth, p, budget, args.burn_in_floor_share, args.burn_in_share)
+                            if args.burn_in_share > 0 else (np.full(reps, np.nan), np.full(reps, np.nan)))
                     for name, (lo, hi) in (("classical", human), ("uniform", uni), ("active", act), ("burnin", burn)):
                         cell.setdefault(name + "_cov", []).append(covers(lo, hi, target))
                         cell.setdefault(name + "_width", []).append(hi - lo)

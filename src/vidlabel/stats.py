@@ -1,16 +1,23 @@
-"""Statistics for the summary: agreement with human labels and bias-corrected prevalence.
+"""Statistics for the summary: agreement with human labels and bias-corrected prevalence
+(methods, populations and simulated coverage: docs/statistics.md).
 
 Intervals
-- Proportions (accuracy, precision, recall, shares): Wilson score interval (statsmodels).
+- Proportions (accuracy, precision, recall, uniform human-only shares): Wilson score interval
+  (statsmodels), exact at 0 and 1 (``wilson_bounds``).
 - F1 and Cohen's kappa have no closed-form interval: percentile bootstrap. Resampling the labelled
   (human, model) pairs with replacement is the same as drawing the four cells of the confusion matrix
   from a multinomial with the observed cell shares, which is what ``bootstrap_agreement`` does
-  (vectorised, seeded, so the summary is reproducible).
-- Bias-corrected prevalence: PPI++ (prediction-powered inference with the power-tuning lambda,
-  Angelopoulos, Duchi & Zrnic 2023) for a mean. The moments are computed in DuckDB SQL
+  (vectorised, seeded, so the summary is reproducible; an empty cell is smoothed).
+- Human-only share of a weighted sample: Hajek mean, Wilson at the design's effective size
+  (``hajek_share``).
+- Bias-corrected prevalence, uniform sample: PPI++ (prediction-powered inference with the
+  power-tuning lambda, Angelopoulos, Duchi & Zrnic 2023). The moments are computed in DuckDB SQL
   (``sql/ppi_moments.sql``, see ``vidlabel.aggregate``); ``ppi_reference`` is the same estimate from
-  ``ppi_py`` and serves as the cross-check. Every interval uses ``confidence`` (config
-  ``stats.confidence``), never ppi_py's default alpha of 0.1.
+  ``ppi_py`` and serves as the cross-check. Weighted sample (known inclusion probabilities, e.g.
+  active sampling): the Horvitz-Thompson active estimator (``active_mean``).
+- The reported corrected interval: ``corrected_interval`` (t quantile on the events, the human-only
+  interval folded in below ``MIN_EVENTS``).
+Every interval uses ``confidence`` (config ``stats.confidence``), never ppi_py's default alpha of 0.1.
 """
 
 from __future__ import annotations
