@@ -154,17 +154,36 @@ def single_copy(config: dict, log_path: str | Path, environ=os.environ) -> Serve
                          log_path, environ)[0]
 
 
+# Fields of the server command that each job chooses for the GPUs and CPUs it was granted. They do
+# not decide an answer, so the command a record is tied to (``answer_settings``) leaves them out:
+# a resumed shard on another node reuses its answers.
+PER_JOB_FIELDS = ("port", "tensor_parallel_size", "data_parallel_size", "api_server_count", "max_num_seqs")
+
+
 def build_command(config: dict, port: int, copy: ServerCopy) -> list[str]:
     """The server argv from ``classify.server_command`` (values shell-quoted, then split), followed
     by ``classify.server_args``."""
+    return _fill_command(config, {"port": port, "tensor_parallel_size": copy.tensor,
+                                  "data_parallel_size": copy.data, "api_server_count": copy.api_servers,
+                                  "max_num_seqs": config["classify"]["max_num_seqs"]})
+
+
+def answer_settings(config: dict) -> dict:
+    """The server settings an answer depends on: the job's command with the per-job fields left as
+    placeholders, or, with ``classify.endpoints``, nothing known before the servers are asked
+    (their identity is read at run time and kept in every record)."""
+    if config["classify"]["endpoints"]:
+        return {"external": True}
+    return {"command": _fill_command(config, {f: f"<{f}>" for f in PER_JOB_FIELDS})}
+
+
+def _fill_command(config: dict, per_job: dict) -> list[str]:
     cls, plan = config["classify"], config["planning"]
     fields = {
-        "model": cls["model"], "port": port, "tensor_parallel_size": copy.tensor,
-        "data_parallel_size": copy.data, "media_root": allowed_media_path(config),
-        "max_model_len": cls["max_model_len"], "max_num_seqs": cls["max_num_seqs"],
-        "max_num_batched_tokens": cls["max_num_batched_tokens"], "min_pixels": plan["min_pixels"],
-        "max_pixels": plan["max_pixels"], "fps": plan["fps"], "generation_config": cls["generation_config"],
-        "api_server_count": copy.api_servers,
+        "model": cls["model"], "media_root": allowed_media_path(config),
+        "max_model_len": cls["max_model_len"], "max_num_batched_tokens": cls["max_num_batched_tokens"],
+        "min_pixels": plan["min_pixels"], "max_pixels": plan["max_pixels"], "fps": plan["fps"],
+        "generation_config": cls["generation_config"], **per_job,
     }
     quoted = {k: shlex.quote(str(v)) for k, v in fields.items()}
     try:

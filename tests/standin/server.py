@@ -67,6 +67,14 @@ def _word_times(spec: str) -> tuple[str, int]:
     return word.lower(), int(times) if times else 0
 
 
+def request_of(send_id: str | None) -> str | None:
+    """The request id of a send: vidlabel sends ``<request id>-<send number>`` (24 hex digits first)."""
+    if send_id is None:
+        return None
+    base, sep, number = send_id.rpartition("-")
+    return base if sep and number.isdigit() and len(base) == 24 else send_id
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1")
@@ -75,6 +83,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--served-model", "--served-model-name", dest="served_model", default="standin-model")
     p.add_argument("--request-log", default=None, help="JSON-lines file of request events")
     p.add_argument("--yes-if", action="append", default=[], metavar="QID=WORD")
+    p.add_argument("--standin-version", default="0.26.0", help="what /version answers")
+    p.add_argument("--model-root", default=None, help="the model folder /v1/models names (default: the name)")
     # Token accounting.
     p.add_argument("--video-tokens", choices=["bytes", "qwen"], default="bytes",
                    help="bytes: file size / --bytes-per-video-token (cheap synthetic load); qwen: vLLM's rule")
@@ -132,7 +142,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--load-format", default="auto")
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--faults-file", default=None,
+                   help="JSON list of further arguments (faults), read at start: a test changes the faults "
+                        "between runs while the server command, and so the answers' fingerprint, stays the same")
     args = p.parse_args(argv)
+    if args.faults_file:
+        with open(args.faults_file) as fh:
+            extra = json.load(fh)
+        args = p.parse_args([*(sys.argv[1:] if argv is None else argv), *map(str, extra)])
     if args.video_tokens == "qwen" and args.max_num_batched_tokens is None:
         args.max_num_batched_tokens = VLLM_DEFAULT_BATCHED_TOKENS
     return args
@@ -290,7 +307,10 @@ class StandIn:
             return web.json_response({"error": "Unauthorized"}, status=401)
         return web.json_response({"object": "list", "data": [
             {"id": self.args.served_model, "object": "model", "created": 0, "owned_by": "vllm",
-             "max_model_len": self.args.max_model_len}]})
+             "root": self.args.model_root or self.args.served_model, "max_model_len": self.args.max_model_len}]})
+
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": self.args.standin_version})
 
     async def metrics(self, request: web.Request) -> web.Response:
         e = self.engine
@@ -309,7 +329,8 @@ class StandIn:
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        rid = request.headers.get("X-Request-Id")
+        send_id = request.headers.get("X-Request-Id")
+        rid = request_of(send_id)
         if not self.authorised(request):
             self.log.write("completed", rid, status=401)
             return web.json_response({"error": "Unauthorized"}, status=401)
@@ -321,7 +342,7 @@ class StandIn:
             os._exit(3)
         self.seen[rid] += 1
         attempt = self.seen[rid]
-        self.log.write("received", rid, attempt=attempt)
+        self.log.write("received", rid, attempt=attempt, send_id=send_id)
         try:
             status, resp = await self._chat(request, rid, attempt)
         except asyncio.CancelledError:
@@ -495,6 +516,7 @@ async def main(argv=None) -> None:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_get("/health", standin.health)
     app.router.add_get("/v1/models", standin.models)
+    app.router.add_get("/version", standin.version)
     app.router.add_get("/metrics", standin.metrics)
     app.router.add_post("/v1/chat/completions", standin.chat)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
