@@ -46,8 +46,8 @@ def _results(tmp_path, n_ok=300, n_error=12, n_excluded=5, probabilities=True, s
         row = {"post_id": post_id, "status": status, "answer_probs": None}
         if status == "ok":
             p = rng.beta(0.4, 0.6, size=len(IDS))
-            row.update({qid: "yes" if pq_ > 0.5 else "no" for qid, pq_ in zip(IDS, p)})
-            row["answer_probs"] = json.dumps({qid: {"yes": float(pq_), "no": float(1 - pq_)} for qid, pq_ in zip(IDS, p)})
+            row.update({qid: "yes" if p_q > 0.5 else "no" for qid, p_q in zip(IDS, p)})
+            row["answer_probs"] = json.dumps({qid: {"yes": float(p_q), "no": float(1 - p_q)} for qid, p_q in zip(IDS, p)})
             truth[post_id] = p
         else:
             row.update({qid: None for qid in IDS})
@@ -215,6 +215,10 @@ def test_unknown_sample_question_is_named(tmp_path):
     labels, manifest, _ = _results(tmp_path, n_ok=20)
     with pytest.raises(SampleError, match="label_sample.questions.*'nope'"):
         run(_config(tmp_path, budget=5, questions=["nope"]), labels, manifest, None, _outputs(tmp_path))
+    config = _config(tmp_path, budget=5)
+    config["classify"]["questions"].append({"id": "pi", "text": "Is it about maths?", "type": "yes/no"})
+    with pytest.raises(SampleError, match=r"\['pi'\] are names the Label Studio files use"):
+        run(config, labels, manifest, None, _outputs(tmp_path))
 
 
 # --------------------------------------------------------------------------------------------
@@ -347,6 +351,13 @@ def test_collected_labels_carry_pi_and_read_as_weighted_human_labels(tmp_path, d
     export.write_text(json.dumps(tampered))
     with pytest.raises(SampleError, match=f"not drawn.*{not_drawn}"):
         collect(outputs["design"].parent, export, tmp_path / "again.csv")
+    # Tasks from an earlier draw of the same posts.
+    tampered = json.loads(json.dumps(_export(outputs["ls_tasks"], annotations)))
+    tampered[1]["data"]["pi"] = tampered[1]["data"]["pi"] / 2
+    export.write_text(json.dumps(tampered))
+    with pytest.raises(SampleError, match=f"pi of 1 task.*{tampered[1]['data']['post_id']}"):
+        collect(outputs["design"].parent, export, tmp_path / "again.csv")
+    assert not (tmp_path / "again.csv").exists()
 
 
 # --------------------------------------------------------------------------------------------

@@ -39,6 +39,8 @@ SAMPLE_COLUMNS = ("post_id", "video_path", "caption", "transcript", "questions",
 HUMAN_LABEL_COLUMNS = labelstudio.EXPORT_COLUMNS
 # design.parquet / sample.csv: how a post came into the human sample.
 DESIGN_ACTIVE, DESIGN_UNIFORM, DESIGN_BURN_IN = "active", "uniform", "burn_in"
+# A task's pi (written as JSON or CSV text) may differ from design.parquet's by rounding only.
+PI_TOLERANCE = 1e-9
 # The choice whose probability drives the design (yes/no questions).
 POSITIVE_CHOICE = "yes"
 
@@ -68,6 +70,10 @@ def sample_questions(config: dict[str, Any]) -> list[dict[str, Any]]:
     if unknown:
         raise SampleError(f"config key 'label_sample.questions': {unknown} are not classify.questions ids "
                           f"({sorted(by_id)})")
+    clash = labelstudio.reserved_question_ids(wanted)
+    if clash:
+        raise SampleError(f"question id(s) {clash} are names the Label Studio files use themselves "
+                          f"({sorted(labelstudio.RESERVED_NAMES)}); rename them in classify.questions")
     return [by_id[qid] for qid in wanted]
 
 
@@ -230,6 +236,11 @@ def collect(sample_dir: str | Path, export_path: str | Path, output_path: str | 
         raise SampleError(f"{export_path}: {len(outside)} labelled post(s) were not drawn for coding in "
                           f"{sample_dir / 'design.parquet'}, e.g. {outside[:5]}: was the export made from another "
                           "sample?")
+    changed = sorted({r["post_id"] for r in export
+                      if abs(r["sampling_probability"] - by_post[r["post_id"]]["pi"]) > PI_TOLERANCE})
+    if changed:
+        raise SampleError(f"{export_path}: the pi of {len(changed)} task(s) differs from "
+                          f"{sample_dir / 'design.parquet'}, e.g. {changed[:5]}: was the sample drawn again after the tasks were imported?")
     rows = [{**r, "sampling_probability": by_post[r["post_id"]]["pi"]} for r in export]
     with open(sample_dir / "burn_in_labels.csv", newline="", encoding="utf-8") as fh:
         burn_in = list(csv.DictReader(fh))

@@ -25,6 +25,12 @@ EXPORT_COLUMNS = ("post_id", "question", "label", "sampling_probability", "annot
 QUESTIONS_SEPARATOR = ";"
 # Name of the video object in the labelling config; every question's Choices point at it.
 VIDEO_TAG = "video"
+# Fields of a task's data; tasks() writes them.
+TASK_FIELDS = ("post_id", "video", "caption", "transcript", "questions", "pi", "seed", "design")
+# Names a question id cannot take: Label Studio's CSV and JSON-MIN exports put the task's data fields,
+# one column per question and these annotation columns side by side, and tag names must be unique.
+RESERVED_NAMES = frozenset(TASK_FIELDS) | {"id", "annotator", "annotation_id", "created_at", "updated_at",
+                                           "lead_time"}
 
 
 class ExportError(ValueError):
@@ -37,6 +43,9 @@ class ExportError(ValueError):
 def labelling_config(questions: list[dict[str, Any]]) -> str:
     """Label Studio labelling config (XML): the video, caption and transcript, then one required
     single-choice question per question id, headed by the question's text."""
+    clash = reserved_question_ids(q["id"] for q in questions)
+    if clash:
+        raise ValueError(f"question id(s) {clash} are names the Label Studio files use themselves; rename them")
     view = ET.Element("View")
     ET.SubElement(view, "Video", name=VIDEO_TAG, value="$video")
     for field, title in (("caption", "Caption"), ("transcript", "Transcript")):
@@ -52,6 +61,11 @@ def labelling_config(questions: list[dict[str, Any]]) -> str:
     return ET.tostring(view, encoding="unicode") + "\n"
 
 
+def reserved_question_ids(ids: Iterable[str]) -> list[str]:
+    """The question ids that would clash with a tag, a task field or an export column."""
+    return sorted(set(ids) & RESERVED_NAMES)
+
+
 def video_url(template: str, video_path: str, media_root: str) -> str:
     """The URL Label Studio loads a video from: ``template`` with {relative_path} (to ``media_root``) and
     {path} (absolute), both URL-quoted. The default template serves files through Label Studio's
@@ -64,8 +78,7 @@ def video_url(template: str, video_path: str, media_root: str) -> str:
 def tasks(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Label Studio tasks, one per sampled post; ``rows`` have post_id, video (URL), caption, transcript,
     questions (ids joined by QUESTIONS_SEPARATOR), pi, seed and design."""
-    fields = ("post_id", "video", "caption", "transcript", "questions", "pi", "seed", "design")
-    return [{"data": {f: ("" if row[f] is None else row[f]) for f in fields}} for row in rows]
+    return [{"data": {f: ("" if row[f] is None else row[f]) for f in TASK_FIELDS}} for row in rows]
 
 
 # --------------------------------------------------------------------------------------------
