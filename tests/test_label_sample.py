@@ -135,7 +135,7 @@ def test_label_studio_files_show_every_question_and_point_at_the_videos(tmp_path
     sample = _read_csv(outputs["sample"])
     assert [t["data"]["post_id"] for t in tasks] == [r["post_id"] for r in sample]
     for task, row in zip(tasks, sample):
-        assert task["data"]["video"] == f"/data/local-files/?d=sub%20dir/{row['post_id']}.mp4"
+        assert task["data"]["video"] == f"/data/local-files/?d=media/sub%20dir/{row['post_id']}.mp4"
         assert task["data"]["pi"] == pytest.approx(float(row["pi"]))
         assert task["data"]["transcript"] == row["transcript"]
         assert not set(task["data"]) & set(IDS)  # the model's answers are not shown to coders

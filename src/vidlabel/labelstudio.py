@@ -67,11 +67,14 @@ def reserved_question_ids(ids: Iterable[str]) -> list[str]:
 
 
 def video_url(template: str, video_path: str, media_root: str) -> str:
-    """The URL Label Studio loads a video from: ``template`` with {relative_path} (to ``media_root``) and
-    {path} (absolute), both URL-quoted. The default template serves files through Label Studio's
-    local-files storage rooted at media_root."""
+    """The URL Label Studio loads a video from: ``template`` with {relative_path} (to the folder that
+    holds ``media_root``, so it starts with media_root's own name) and {path} (absolute), both
+    URL-quoted. The default template, ``/data/local-files/?d={relative_path}``, is Label Studio's
+    local-files URL with LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT set to that folder and a Local Files
+    storage at media_root (docs/human_labels.md)."""
     absolute = os.path.realpath(video_path)
-    relative = os.path.relpath(absolute, os.path.realpath(media_root))
+    document_root = os.path.dirname(os.path.realpath(media_root))
+    relative = os.path.relpath(absolute, document_root)
     return template.format(relative_path=urllib.parse.quote(relative), path=urllib.parse.quote(absolute))
 
 
