@@ -182,6 +182,15 @@ def test_a_question_without_probabilities_takes_the_model_share(tmp_path):
     assert first["uncertainty"] == pytest.approx((p0 * (1 - p0) + share * (1 - share)) / 2)
 
 
+def test_unreadable_answer_probs_stop_the_draw(tmp_path):
+    labels, manifest, _ = _results(tmp_path, n_ok=30, n_error=0, n_excluded=0)
+    table = pq.read_table(labels).to_pylist()
+    table[4]["answer_probs"] = "{'promotes_product': {'yes': 0.5}}"  # a Python repr, not JSON
+    pq.write_table(pa.Table.from_pylist(table, schema=pq.read_schema(labels)), labels)
+    with pytest.raises(SampleError, match=r"answer_probs of 1 post\(s\) is not a JSON object.*p0004"):
+        run(_config(tmp_path, budget=5), labels, manifest, None, _outputs(tmp_path))
+
+
 def test_burn_in_posts_are_not_drawn_again_and_count_as_certain(tmp_path):
     labels, manifest, _ = _results(tmp_path)
     burn_in = tmp_path / "uniform.csv"

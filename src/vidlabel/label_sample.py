@@ -44,6 +44,12 @@ PI_TOLERANCE = 1e-9
 # The choice whose probability drives the design (yes/no questions).
 POSITIVE_CHOICE = "yes"
 
+# answer_probs is a JSON string {question: {choice: p}} (docs/outputs.md); anything else is a bug upstream.
+UNREADABLE_PROBS_SQL = """
+SELECT post_id FROM labels
+WHERE answer_probs IS NOT NULL
+  AND coalesce(json_type(TRY_CAST(CAST(answer_probs AS VARCHAR) AS JSON)) <> 'OBJECT', true)
+"""
 # Caption, transcript and the original video of the sampled posts, from the manifest shards.
 # The usable rows of a burn-in sample (table human_checked of aggregate.load_human_labels).
 BURN_IN_LABELS_SQL = """
@@ -84,6 +90,10 @@ def read_population(con, ids: list[str]) -> tuple[list[str], np.ndarray, np.ndar
     if missing:
         raise SampleError(f"labels.parquet has no column(s) {missing}: was it merged with another question set?")
     if "answer_probs" in columns:
+        unreadable = con.execute(UNREADABLE_PROBS_SQL).fetchall()
+        if unreadable:
+            raise SampleError(f"labels.parquet: answer_probs of {len(unreadable)} post(s) is not a JSON object, "
+                              f"e.g. {[post_id for post_id, in unreadable[:5]]}")
         path = "'$.\"{qid}\".\"" + POSITIVE_CHOICE + "\"'"
         probability = ", ".join(
             f"TRY_CAST(json_extract_string(CAST(answer_probs AS VARCHAR), {path.format(qid=qid)}) AS DOUBLE) "
