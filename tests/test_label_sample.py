@@ -152,6 +152,16 @@ def test_same_seed_same_sample_other_seed_other_sample(tmp_path):
     assert samples[0] != samples[2]
 
 
+def test_floor_share_one_draws_a_uniform_sample(tmp_path):
+    labels, manifest, _ = _results(tmp_path)
+    outputs = _outputs(tmp_path)
+    run(_config(tmp_path, budget=31.2, floor_share=1), labels, manifest, None, outputs)
+    design = pq.read_table(outputs["design"]).to_pylist()
+    assert {r["design"] for r in design} == {"uniform"}
+    np.testing.assert_allclose([r["pi"] for r in design], 31.2 / len(design))
+    assert {r["design"] for r in _read_csv(outputs["sample"])} == {"uniform"}
+
+
 def test_without_answer_probs_answered_posts_share_one_uncertainty(tmp_path):
     labels, manifest, _ = _results(tmp_path, probabilities=False)
     outputs = _outputs(tmp_path)

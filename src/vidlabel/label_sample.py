@@ -50,13 +50,13 @@ SELECT post_id FROM labels
 WHERE answer_probs IS NOT NULL
   AND coalesce(json_type(TRY_CAST(CAST(answer_probs AS VARCHAR) AS JSON)) <> 'OBJECT', true)
 """
-# Caption, transcript and the original video of the sampled posts, from the manifest shards.
 # The usable rows of a burn-in sample (table human_checked of aggregate.load_human_labels).
 BURN_IN_LABELS_SQL = """
 SELECT post_id, question, CASE WHEN y = 1 THEN 'yes' ELSE 'no' END AS label,
        1.0 AS sampling_probability, CAST(NULL AS VARCHAR) AS annotator
 FROM human_checked WHERE issue IS NULL ORDER BY line
 """
+# Caption, transcript and the original video of the sampled posts, from the manifest shards.
 SAMPLED_POSTS_SQL = """
 SELECT s.post_id, m.video_path, m.caption, m.transcript
 FROM sampled s LEFT JOIN manifest m USING (post_id)
