@@ -149,6 +149,11 @@ def test_missing_logprobs_leave_the_question_out_with_a_reason():
     content[3]["top_logprobs"][0]["logprob"] = None
     assert "log-probability" in answer_probabilities(content, Q1).missing["q1"]
 
+    assert "not an object" in answer_probabilities(["{", None], Q1).missing["q1"]
+    content = _content('{"', "q1", '":"', ("yes", YES_NO_START), '"}')
+    content[3]["top_logprobs"] = "yes"
+    assert "top_logprobs" in answer_probabilities(content, Q1).missing["q1"]
+
 
 def test_too_few_top_logprobs_leave_the_question_out():
     # Only "yes" (0.3) and "no" (0.25) listed: 45 % of the probability is unaccounted for.

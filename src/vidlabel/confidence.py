@@ -108,6 +108,8 @@ def answer_probabilities(content: list[dict[str, Any]] | None, questions: list[d
 def _token_bytes(entry: dict[str, Any], index: int) -> bytes:
     """A token's exact bytes: ``bytes`` when given (a token may hold part of a UTF-8 character, which
     its ``token`` string cannot show), else the UTF-8 of ``token``."""
+    if not isinstance(entry, dict):
+        raise _Unavailable(f"token {index} is not an object ({entry!r:.40})")
     raw = entry.get("bytes")
     if isinstance(raw, list):
         try:
@@ -195,7 +197,7 @@ def _alternatives(entry: dict[str, Any], chosen: bytes, index: int) -> list[tupl
     """(bytes, probability, is the chosen token) for every listed alternative at one position; the chosen
     token is added when top_logprobs does not list it."""
     top = entry.get("top_logprobs")
-    if not top:
+    if not top or not isinstance(top, list):
         raise _Unavailable(f"token {index} has no top_logprobs (was top_logprobs requested?)")
     alternatives, chosen_seen = [], False
     for k, alt in enumerate(top):
