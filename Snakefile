@@ -44,6 +44,7 @@ include: "workflow/rules/classify.smk"
 include: "workflow/rules/merge.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/estimate.smk"
+include: "workflow/rules/label_sample.smk"
 
 
 rule all:

@@ -1,0 +1,7 @@
+# Snakemake adapter: rule label_sample.
+from vidlabel.label_sample import run
+from vidlabel.logs import configure
+
+configure(snakemake.log[0])
+burn_in = snakemake.input.burn_in[0] if snakemake.input.burn_in else None
+run(snakemake.config, snakemake.input.labels, list(snakemake.input.manifest), burn_in, dict(snakemake.output.items()))
