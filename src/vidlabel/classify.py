@@ -72,7 +72,7 @@ LABEL_SCHEMA = pa.schema([
     ("http_status", pa.int64()), ("attempts", pa.int64()), ("latency_s", pa.float64()),
     ("started_at", pa.float64()), ("finished_at", pa.float64()), ("finish_reason", pa.string()),
     ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()), ("est_prompt_tokens", pa.int64()),
-    ("raw_text", pa.string()), ("answers", pa.string()),
+    ("raw_text", pa.string()), ("answers", pa.string()), ("answer_probs", pa.string()),
     # Provenance (docs/outputs.md): what made the answer.
     ("model", pa.string()), ("server", pa.string()), ("settings_fingerprint", pa.string()),
     ("prompt_hash", pa.string()), ("request_fingerprint", pa.string()), ("sends", pa.int64()),
@@ -140,9 +140,9 @@ def labels_table(records: list[dict[str, Any]], shard: int) -> pa.Table:
         for name in cols:
             if name == "shard":
                 cols[name].append(shard)
-            elif name == "answers":
-                ans = rec.get("answers")
-                cols[name].append(json.dumps(ans, sort_keys=True) if ans is not None else None)
+            elif name in ("answers", "answer_probs"):
+                value = rec.get(name)
+                cols[name].append(json.dumps(value, sort_keys=True) if value is not None else None)
             else:
                 cols[name].append(rec.get(name))
     return pa.table(cols, schema=LABEL_SCHEMA)

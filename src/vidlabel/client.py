@@ -37,6 +37,7 @@ from typing import Any, Callable, Coroutine, TypeVar
 import aiohttp
 
 from vidlabel.concurrency import adapt
+from vidlabel.confidence import LOGPROBS_REQUEST, answer_probabilities
 from vidlabel.deadline import Deadlines, Expired
 from vidlabel.endpoints import Endpoint, Endpoints, NoLiveEndpoint, describe
 from vidlabel.error_kinds import (classify_error, fatal_error, response_message, retry_after_s,
@@ -101,7 +102,7 @@ class ClientSettings:
     def request_settings(self) -> dict[str, Any]:
         """Every body field besides the messages and max_tokens: what decides the answer with them."""
         return {"model": self.model, "response_format": response_format(self.questions),
-                "temperature": self.temperature}
+                "temperature": self.temperature, **LOGPROBS_REQUEST}
 
 
 def media_identity(path: str) -> dict[str, Any]:
@@ -281,7 +282,8 @@ class ClassifyClient:
             "error_kind": None, "error": None, "http_status": None, "attempts": 0, "sends": 0,
             "latency_s": None, "started_at": None, "finished_at": None, "finish_reason": None,
             "prompt_tokens": None, "completion_tokens": None, "est_prompt_tokens": row.get("est_prompt_tokens"),
-            "raw_text": None, "answers": None, "retryable": False, "server": None,
+            "raw_text": None, "answers": None, "answer_probs": None, "answer_probs_missing": None,
+            "retryable": False, "server": None,
         }
         max_tokens = s.max_tokens
         tokens = int(row.get("est_prompt_tokens") or 0) + s.max_tokens
@@ -307,7 +309,8 @@ class ClassifyClient:
                 max_tokens = s.max_tokens * TRUNCATION_TOKEN_FACTOR  # a free retry with more room
                 continue
             rec.update(error_kind=outcome.kind, error=outcome.message, http_status=outcome.http_status,
-                       raw_text=None, answers=None, finish_reason=None)
+                       raw_text=None, answers=None, answer_probs=None, answer_probs_missing=None,
+                       finish_reason=None)
             if not outcome.transient:
                 rec["attempts"] = charged + 1
                 return rec
@@ -377,7 +380,11 @@ def fill_from_answer(rec: dict, completion: dict, questions: list[dict[str, Any]
     except ValueError as exc:
         rec.update(status="error", error_kind="invalid_output", error=str(exc), answers=None)
         return True
-    rec.update(status="ok", error_kind=None, error=None)
+    # How sure the model was of each answer (vidlabel.confidence); a question without usable
+    # log-probabilities is left out and says why.
+    probs, missing = answer_probabilities((choice.get("logprobs") or {}).get("content"), questions)
+    rec.update(status="ok", error_kind=None, error=None, answer_probs=probs or None,
+               answer_probs_missing=missing or None)
     return True
 
 

@@ -66,6 +66,7 @@ STAGES: dict[str, StageKeys] = {
                           operational=_CLIENT + _LAYOUT + ("planning.concurrent_jobs",)),
     "merge": StageKeys(results=("classify.questions",)),
     "aggregate": StageKeys(results=("classify.questions", "stats", "cost", "human_labels")),
+    "label_sample": StageKeys(results=("classify.questions", "label_sample", "media_root")),
 }
 
 

@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import re
@@ -84,6 +85,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--request-log", default=None, help="JSON-lines file of request events")
     p.add_argument("--yes-if", action="append", default=[], metavar="QID=WORD")
     p.add_argument("--standin-version", default="0.26.0", help="what /version answers")
+    p.add_argument("--answer-confidence", type=float, default=0.9,
+                   help="probability the log-probabilities give the chosen answer")
     p.add_argument("--model-root", default=None, help="the model folder /v1/models names (default: the name)")
     # Token accounting.
     p.add_argument("--video-tokens", choices=["bytes", "qwen"], default="bytes",
@@ -296,6 +299,42 @@ class StandIn:
             return "{\r\n \t\n" + " " * 64, 10 ** 6  # a whitespace runaway: cut at max_tokens
         return "lorem ipsum " * 64, 10 ** 6
 
+    def logprobs(self, text: str, body: dict) -> dict | None:
+        """``choices[0].logprobs`` as vLLM gives it under a JSON schema, when the body asks for it: the
+        grammar forces the keys and punctuation (log-probability 0), and where an answer starts the
+        allowed first tokens are the answers' prefixes ('y', 'yes', 'n', 'no'). The chosen answer gets
+        probability ``--answer-confidence``, spread over its prefixes; the other answer the rest."""
+        if not body.get("logprobs"):
+            return None
+        k = int(body.get("top_logprobs") or 0)
+        try:
+            answers = json.loads(text)
+        except ValueError:
+            answers = None
+        content = []
+
+        def token(tok: str, logprob: float, alternatives: list[tuple[str, float]]) -> None:
+            tops = sorted(alternatives, key=lambda a: -a[1])[:k]
+            content.append({"token": tok, "logprob": logprob, "bytes": list(tok.encode()),
+                            "top_logprobs": [{"token": a, "logprob": lp, "bytes": list(a.encode())} for a, lp in tops]})
+
+        if not isinstance(answers, dict):  # not an answer object: one forced token per character
+            for ch in text:
+                token(ch, 0.0, [(ch, 0.0)])
+            return {"content": content}
+        sure = self.args.answer_confidence
+        for i, (qid, value) in enumerate(answers.items()):
+            head = ("{" if i == 0 else ",") + f'"{qid}":"'
+            token(head, 0.0, [(head, 0.0)])
+            other = "no" if value == "yes" else "yes"
+            # Two tokenisations of each answer: the whole word, and its first letter.
+            alternatives = [(value, math.log(sure * 0.75)), (value[0], math.log(sure * 0.25)),
+                            (other, math.log((1 - sure) * 0.75)), (other[0], math.log((1 - sure) * 0.25))]
+            token(value, alternatives[0][1], alternatives)
+            token('"', 0.0, [('"', 0.0)])
+        token("}", 0.0, [("}", 0.0)])
+        return {"content": content}
+
     # ---- routes --------------------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
         dead = self.args.never_healthy or (
@@ -483,7 +522,7 @@ class StandIn:
             "id": f"chatcmpl-{rid}", "object": "chat.completion", "created": int(time.time()),
             "model": args.served_model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": finish, "logprobs": None}],
+                         "finish_reason": finish, "logprobs": self.logprobs(text, body)}],
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                       "total_tokens": prompt_tokens + completion_tokens},
         }

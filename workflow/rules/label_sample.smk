@@ -15,6 +15,9 @@ rule label_sample:
         burn_in=f"{RESULTS}/label_sample/burn_in_labels.csv",
         ls_config=f"{RESULTS}/label_sample/labelstudio_config.xml",
         ls_tasks=f"{RESULTS}/label_sample/labelstudio_tasks.json",
+    params:
+        # Its result settings: editing one reruns this job (vidlabel.settings).
+        settings=vidlabel.settings.fingerprint(config, "label_sample"),
     log:
         "logs/label_sample.log",
     conda:
