@@ -126,6 +126,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--verbose-on", action="append", default=[], metavar="WORD=TOKENS",
                    help="the answer to prompts containing WORD needs TOKENS output tokens")
     p.add_argument("--slow-start", type=float, default=0.0, metavar="S")
+    p.add_argument("--slow-health", type=float, default=0.0, metavar="S",
+                   help="/health answers after S seconds (an API server busy preprocessing)")
+    p.add_argument("--media-invisible-after", type=int, default=-1, metavar="N",
+                   help="after N answered video requests, every file is missing here (another mount, an NFS "
+                        "outage): 500 [Errno 2] No such file or directory; 0 = from the start")
     p.add_argument("--random-weights", action="store_true",
                    help="answer like random weights: random yes/no, whitespace runaways without the vLLM flag")
     # vLLM's own flags (those vidlabel's default command uses, and a few common ones).
@@ -337,6 +342,8 @@ class StandIn:
 
     # ---- routes --------------------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
+        if self.args.slow_health:
+            await asyncio.sleep(self.args.slow_health)
         dead = self.args.never_healthy or (
             self.args.unhealthy_after and self.chat_completed >= self.args.unhealthy_after)
         return web.Response(status=503 if dead else 200)
@@ -443,7 +450,10 @@ class StandIn:
                 return self._error(rid, 400, f"The file path {path} must be a subpath of "
                                    f"`--allowed-local-media-path` {self.allowed}.", "BadRequestError")
             self.log.write("media", rid, path=real)  # which file the server would decode
+            invisible = args.media_invisible_after >= 0 and self.chat_completed >= args.media_invisible_after
             try:
+                if invisible:
+                    raise FileNotFoundError(real)
                 size = os.stat(real).st_size
             except FileNotFoundError:
                 return self._error(rid, 500, f"[Errno 2] No such file or directory: '{path}'",
