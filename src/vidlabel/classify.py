@@ -247,7 +247,7 @@ def matching_records(paths: list[Path], rows: list[dict]) -> dict[str, dict]:
     found: dict[str, dict] = {}
     for path in paths:
         here: dict[str, dict] = {}
-        for rec in iter_records(path):
+        for rec in iter_records(path, "request_id", wanted):
             rid = rec.get("request_id")
             if rid in wanted and rid not in found and rec.get("request_fingerprint") == wanted[rid]:
                 here[rid] = rec
