@@ -158,3 +158,18 @@ def test_allowed_media_path(tmp_path):
     cfg["planning"]["transcode"]["enabled"] = True
     with pytest.raises(pl.MediaPathError, match="filesystem root"):
         pl.allowed_media_path(cfg)
+
+
+def test_short_clips_get_enough_frames_from_the_transcode():
+    cfg = make_config()
+    # 0.5 s and 0.2 s at 2 fps would be 1 and 0 frames; 60 s keeps its 2 fps; 0.034 s (one frame at
+    # 30 fps) needs a rate far above the source's.
+    d = np.array([0.5, 0.2, 60.0, 0.034])
+    fps, w, h = pl.transcode_target(cfg, [2.0] * 4, [602112] * 4, [640.0] * 4, [360.0] * 4, [30.0] * 4, d)
+    frames = fps * d
+    assert (frames >= tk.MIN_FILE_FRAMES + 0.5 - 1e-9).all()
+    assert fps[2] == 2.0 and fps[0] == pytest.approx(5.0)
+    assert fps[3] > 30.0
+    # Without a duration the rate is the plan's (capped at the source's).
+    fps, _, _ = pl.transcode_target(cfg, [2.0], [602112], [640.0], [360.0], [1.0])
+    assert fps.tolist() == [1.0]

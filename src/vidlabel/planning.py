@@ -180,13 +180,23 @@ def _fmt(x: float) -> str:
     return f"{x:g}"
 
 
-def transcode_target(config: dict, fps, max_pixels, width, height, source_fps):
-    """Frame rate and (width, height) a transcode should produce for a plan."""
+def transcode_target(config: dict, fps, max_pixels, width, height, source_fps, duration_s=None):
+    """Frame rate and (width, height) a transcode should produce for a plan.
+
+    With ``duration_s`` (of the transcoded file), a clip so short that the planned rate would leave
+    fewer than ``tokens.MIN_FILE_FRAMES`` frames gets a rate that gives at least that many (half a
+    frame to spare: ffmpeg's fps filter rounds), even above the source's rate (frames repeat).
+    """
     s = tk.Sampling.from_config(config)
     th, tw = tk.smart_resize(height, width, s.min_pixels, max_pixels)
     src = np.nan_to_num(np.asarray(source_fps, dtype=np.float64), nan=0.0)
     f = np.asarray(fps, dtype=np.float64)
     out_fps = np.where(src > 0, np.minimum(f, src), f)
+    if duration_s is not None:
+        d = np.nan_to_num(np.asarray(duration_s, dtype=np.float64), nan=0.0)
+        wanted = tk.MIN_FILE_FRAMES + 0.5
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out_fps = np.where((d > 0) & (out_fps * d < wanted), wanted / d, out_fps)
     return out_fps, tw, th
 
 
