@@ -196,6 +196,30 @@ def _probed_inventory(formats, tmp_path, broken_av1=False):
     return cfg, inv, table
 
 
+def test_every_format_reaches_the_server_in_a_form_it_decodes(formats, tmp_path):
+    """Transcoding disabled: only the codecs the server cannot decode and the too-short files are
+    transcoded, to H.264 with at least a frame pair; the rest go as they are."""
+    cfg, inv, table = _probed_inventory(formats, tmp_path)
+    codec = dict(zip(table.column("post_id").to_pylist(), table.column("video_codec").to_pylist()))
+    assert codec["hevc_10bit"] == "hevc" and codec["vp9"] == "vp9" and codec["mpeg4"] == "mpeg4"
+    if "av1" in formats[0]:
+        assert codec["av1"] == "av1"  # the codec, not the decoder PyAV picked (libdav1d)
+    assert all(e is None for e in table.column("probe_error").to_pylist())
+    out = tmp_path / "transcoded" / "chunk-0.parquet"
+    tc.run_chunk(cfg, inv, 0, out, tmp_path / "media-out")
+    rows = {r["post_id"]: r for r in pq.read_table(out).to_pylist()}
+    av1_post = "av1" if "av1" in formats[0] else "h264"
+    assert set(rows) == {av1_post, "mpeg4", "one_frame"}
+    assert rows[av1_post]["plan"].startswith("transcode to h264: the server cannot decode av1")
+    assert rows["mpeg4"]["plan"].startswith("transcode to h264: codec mpeg4 is not among those measured")
+    assert rows["one_frame"]["plan"].startswith("transcode to h264: 1 frame(s) in the file")
+    for r in rows.values():
+        assert r["status"] == "ok" and r["plan_action"] == "replan", r
+        with __import__("av").open(r["media_path"]) as c:
+            assert c.streams.video[0].codec_context.name == "h264"
+        assert tc.probe_output(r["media_path"])["frames"] >= pl.tk.MIN_FILE_FRAMES
+
+
 def test_short_clips_are_transcoded_with_enough_frames(formats, tmp_path):
     """A 0.5 s clip at 2 fps would be one frame, on which vLLM's sampler divides by zero."""
     cfg, inv, _ = _probed_inventory(formats, tmp_path)
@@ -209,3 +233,14 @@ def test_short_clips_are_transcoded_with_enough_frames(formats, tmp_path):
         probed = tc.probe_output(r["media_path"])
         assert probed["frames"] >= pl.tk.MIN_FILE_FRAMES, (pid, probed)
     assert rows["h264"]["frames"] == 4  # 2 s at 2 fps: the planned rate where it gives enough frames
+
+
+def test_a_file_neither_the_server_nor_the_transcoder_reads_is_an_error_record(formats, tmp_path):
+    cfg, inv, table = _probed_inventory(formats, tmp_path, broken_av1=True)
+    out = tmp_path / "transcoded" / "chunk-0.parquet"
+    tc.run_chunk(cfg, inv, 0, out, tmp_path / "media-out")
+    rows = {r["post_id"]: r for r in pq.read_table(out).to_pylist()}
+    bad = rows["av1" if "av1" in formats[0] else "h264"]
+    assert bad["status"] == "error" and bad["media_path"] is None
+    assert bad["plan_action"] == "replan" and "the server cannot decode av1" in bad["plan"]
+    assert "Invalid data" in bad["error"]
