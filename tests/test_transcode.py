@@ -244,3 +244,28 @@ def test_a_file_neither_the_server_nor_the_transcoder_reads_is_an_error_record(f
     assert bad["status"] == "error" and bad["media_path"] is None
     assert bad["plan_action"] == "replan" and "the server cannot decode av1" in bad["plan"]
     assert "Invalid data" in bad["error"]
+
+
+def test_manifest_sends_the_server_only_what_it_decodes(formats, tmp_path):
+    """Through the manifest: the AV1 post's request reads the H.264 transcode; an AV1 post the
+    transcoder cannot read either is excluded before any GPU time."""
+    from vidlabel.manifest import build
+
+    for broken, sub in ((False, "ok"), (True, "broken")):
+        work = tmp_path / sub
+        work.mkdir()
+        cfg, inv, table = _probed_inventory(formats, work, broken_av1=broken)
+        chunk = work / "transcoded" / "chunk-0.parquet"
+        tc.run_chunk(cfg, inv, 0, chunk, work / "media-out")
+        shard, excluded, plan = work / "shard-0.parquet", work / "excluded.parquet", work / "plan.csv"
+        build(cfg, inv, [], [chunk], [shard], excluded, plan)
+        requests = {r["post_id"]: r for r in pq.read_table(shard).to_pylist()}
+        av1_post = "av1" if "av1" in formats[0] else "h264"
+        if broken:
+            gone = {r["post_id"]: r for r in pq.read_table(excluded).to_pylist()}
+            assert av1_post not in requests and gone[av1_post]["reason"] == "transcode_error"
+        else:
+            media = requests[av1_post]["media_path"]
+            assert media != requests[av1_post]["video_path"] and media.startswith(str(work / "media-out"))
+            with __import__("av").open(media) as c:
+                assert c.streams.video[0].codec_context.name == "h264"
