@@ -34,13 +34,12 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
-
-import re
 
 import httpx
 import pyarrow as pa
@@ -446,9 +445,8 @@ class MediaErrorRun:
         """(records to journal now, the record that completes a run, else None)."""
         key = _media_failure_key(rec)
         if key is None:
-            flushed = [r for group in self.held.values() for r in group]
-            self.held.clear()
-            return flushed + [rec], None
+            # An answer shows the server reads media: the errors held were the videos' own.
+            return (self.flush() if rec["status"] == "ok" else []) + [rec], None
         group = self.held.setdefault(key, [])
         group.append(rec)
         return [], rec if len({r["post_id"] for r in group}) >= self.limit else None
