@@ -209,3 +209,23 @@ def test_a_row_of_undecodable_videos_stops_the_job(make_shard, tmp_path):
     assert terminal == []
     failed = [e for e in read_request_log(shard.request_log) if e["event"] == "completed" and e["status"] != 200]
     assert MEDIA_FAILURE_RUN <= len(failed) <= MEDIA_FAILURE_RUN + 1
+
+
+def test_a_request_failing_the_same_way_every_time_ends_terminal_without_blocking_the_shard(make_shard):
+    """A 1-frame video made vLLM's frame sampler divide by zero on every attempt: a retry no rerun
+    could ever finish. With the server answering the others, it becomes a terminal record."""
+    shard = make_shard(6, {3: {"caption": "zeroword"}})
+    shard.run(shard.config("--error-on", "zeroword=500:division by zero", max_attempts=3))
+    labels = shard.check_complete_labels()  # no ShardIncomplete: the shard is done
+    row = labels["post003"]
+    assert (row["status"], row["error_kind"], row["attempts"]) == ("error", "server_error", 3)
+    assert "division by zero" in row["error"] and "the same answer on all 3 attempts" in row["error"]
+    assert all(labels[p]["status"] == "ok" for p in labels if p != "post003")
+
+
+def test_the_same_500_from_a_server_that_answers_nothing_stays_retryable(make_shard):
+    shard = make_shard(3)
+    # Every video request fails alike: the server, not the request, is broken.
+    with pytest.raises(Exception, match="still need a retry"):
+        shard.run(shard.config("--error-on", "post=500:EngineCore died", max_attempts=2))
+    assert all(r.get("retryable") for r in iter_records(shard.journal))

@@ -123,6 +123,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--hang-rate", type=float, default=0.0, metavar="P",
                    help="of requests with a video: never answered (until the client goes away)")
     p.add_argument("--invalid-json-on", action="append", default=[], metavar="WORD")
+    p.add_argument("--error-on", action="append", default=[], metavar="WORD=STATUS:MESSAGE",
+                   help="every attempt of prompts containing WORD answers STATUS with MESSAGE")
     p.add_argument("--verbose-on", action="append", default=[], metavar="WORD=TOKENS",
                    help="the answer to prompts containing WORD needs TOKENS output tokens")
     p.add_argument("--slow-start", type=float, default=0.0, metavar="S")
@@ -485,6 +487,11 @@ class StandIn:
             return self._error(rid, 400, f"This model's maximum context length is {args.max_model_len} tokens. "
                                f"However, your prompt contains at least {prompt_tokens} input tokens.",
                                "BadRequestError")
+        for spec in args.error_on:
+            word, _, rest = spec.partition("=")
+            status_text, _, message = rest.partition(":")
+            if word.lower() in prompt_lower:
+                return self._error(rid, int(status_text), message, "InternalServerError")
         if video_path is not None and args.random_500 and self.rng.random() < args.random_500:
             return self._error(rid, 500, "Internal server error (injected)", "InternalServerError")
 
