@@ -5,7 +5,7 @@ import math
 import pytest
 
 from vidlabel import confidence, prompt
-from vidlabel.confidence import LOGPROBS_REQUEST, answer_probabilities
+from vidlabel.confidence import answer_probabilities, logprobs_request
 
 Q1 = [{"id": "q1", "text": "First?"}]
 Q12 = [{"id": "q1", "text": "First?"}, {"id": "q2", "text": "Second?"}]
@@ -179,5 +179,6 @@ def test_a_cut_answer_keeps_the_values_it_completed():
 
 
 def test_request_asks_for_as_many_alternatives_as_vllm_allows_by_default():
-    assert LOGPROBS_REQUEST == {"logprobs": True, "top_logprobs": confidence.MAX_TOP_LOGPROBS}
+    assert logprobs_request() == {"logprobs": True, "top_logprobs": confidence.MAX_TOP_LOGPROBS}
+    assert logprobs_request(5) == {"logprobs": True, "top_logprobs": 5} and logprobs_request(0) == {}
     assert confidence.MAX_TOP_LOGPROBS == 20

@@ -4,6 +4,7 @@ server's and not the video's, and the error kinds (the stand-in plays vLLM)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -16,7 +17,7 @@ from test_fault_matrix import _endpoint, _use_endpoints, make_shard, media  # no
 from vidlabel.classify import MEDIA_FAILURE_RUN, MediaUnreachable
 from vidlabel.deadline import Deadlines, Expired
 from vidlabel.endpoints import DOWN, UP, Endpoints
-from vidlabel.error_kinds import classify_error
+from vidlabel.error_kinds import FatalClientError, classify_error
 from vidlabel.journal import iter_records, read_latest
 
 
@@ -229,3 +230,18 @@ def test_the_same_500_from_a_server_that_answers_nothing_stays_retryable(make_sh
     with pytest.raises(Exception, match="still need a retry"):
         shard.run(shard.config("--error-on", "post=500:EngineCore died", max_attempts=2))
     assert all(r.get("retryable") for r in iter_records(shard.journal))
+
+
+def test_answer_probabilities_and_a_server_that_allows_fewer_logprobs(make_shard):
+    shard = make_shard(4)
+    with pytest.raises(FatalClientError, match="classify.top_logprobs"):
+        shard.run(shard.config("--max-logprobs", "5"))
+    assert not list(iter_records(shard.journal))
+    shard.run(shard.config("--max-logprobs", "5", "--answer-confidence", "0.8", top_logprobs=5))
+    labels = shard.check_complete_labels()
+    for row in labels.values():
+        probs = json.loads(row["answer_probs"])
+        for qid, answer in json.loads(row["answers"]).items():
+            assert probs[qid][answer] == pytest.approx(0.8) and sum(probs[qid].values()) == pytest.approx(1)
+    shard.run(shard.config(top_logprobs=0))  # another request: sent again, without log-probabilities
+    assert all(r["answer_probs"] is None for r in shard.check_complete_labels().values())

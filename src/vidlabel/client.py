@@ -37,7 +37,7 @@ from typing import Any, Callable, Coroutine, TypeVar
 import aiohttp
 
 from vidlabel.concurrency import adapt
-from vidlabel.confidence import LOGPROBS_REQUEST, answer_probabilities
+from vidlabel.confidence import answer_probabilities, logprobs_request
 from vidlabel.deadline import Deadlines, Expired
 from vidlabel.endpoints import Endpoint, Endpoints, NoLiveEndpoint, describe
 from vidlabel.error_kinds import (classify_error, fatal_error, response_message, retry_after_s,
@@ -72,6 +72,7 @@ class ClientSettings:
     concurrency: int = 16
     max_tokens: int = 512
     temperature: float = 0.0
+    top_logprobs: int = 20
     request_timeout_s: float = 900.0
     adaptive_deadline: bool = True
     deadline_floor_s: float = 60.0
@@ -90,7 +91,7 @@ class ClientSettings:
         c = config["classify"]
         ad = c["adaptive_concurrency"]
         return cls(model=c["model"], questions=c["questions"], concurrency=c["concurrency"],
-                   max_tokens=c["max_tokens"], temperature=c["temperature"],
+                   max_tokens=c["max_tokens"], temperature=c["temperature"], top_logprobs=c["top_logprobs"],
                    request_timeout_s=c["request_timeout_s"], adaptive_deadline=c["adaptive_deadline"],
                    deadline_floor_s=c["deadline_floor_s"], max_attempts=c["max_attempts"],
                    backoff_initial_s=c["backoff_initial_s"], backoff_max_s=c["backoff_max_s"],
@@ -102,7 +103,7 @@ class ClientSettings:
     def request_settings(self) -> dict[str, Any]:
         """Every body field besides the messages and max_tokens: what decides the answer with them."""
         return {"model": self.model, "response_format": response_format(self.questions),
-                "temperature": self.temperature, **LOGPROBS_REQUEST}
+                "temperature": self.temperature, **logprobs_request(self.top_logprobs)}
 
 
 def media_identity(path: str) -> dict[str, Any]:

@@ -37,8 +37,12 @@ from .prompt import ANSWER_CHOICES
 # the same preceded by the tail of the key: over a dozen tokens, so the largest count the server allows.
 # Every answer checks how much probability the listed tokens cover (``max_unresolved``).
 MAX_TOP_LOGPROBS = 20
-# What the chat-completion request must add so that the response carries ``choices[0].logprobs.content``.
-LOGPROBS_REQUEST: dict[str, Any] = {"logprobs": True, "top_logprobs": MAX_TOP_LOGPROBS}
+
+
+def logprobs_request(top_logprobs: int = MAX_TOP_LOGPROBS) -> dict[str, Any]:
+    """What the chat-completion request must add so that the response carries
+    ``choices[0].logprobs.content`` (``classify.top_logprobs``; 0: nothing)."""
+    return {"logprobs": True, "top_logprobs": int(top_logprobs)} if top_logprobs else {}
 # Largest share of a question's probability that may rest on apportioning alternatives whose
 # continuation was not observed (or probability not listed at all).
 MAX_UNRESOLVED = 0.25
@@ -69,7 +73,7 @@ def answer_probabilities(content: list[dict[str, Any]] | None, questions: list[d
 
     ``content``: vLLM's list of {token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]} for a
     compact JSON answer produced under the answer schema (``vidlabel.prompt.answer_schema``) with
-    ``LOGPROBS_REQUEST`` in the request. Never raises for bad or incomplete log-probabilities: every
+    ``logprobs_request()`` in the request. Never raises for bad or incomplete log-probabilities: every
     question it cannot give probabilities for is in ``missing`` with the reason.
     """
     ids = [q["id"] for q in questions]

@@ -96,6 +96,10 @@ def fatal_error(url: str, http_status: int, message: str) -> FatalClientError | 
             "check it and classify.endpoints, then rerun.")
     if http_status == 404 and "model" in message.lower():
         return FatalClientError(f"{url} answered HTTP 404: {message} (check classify.model)")
+    if http_status == 400 and "logprobs" in message.lower():
+        return FatalClientError(f"{url} refused the log-probabilities every request asks for (HTTP 400: "
+                                f"{message}): lower classify.top_logprobs to what the server allows "
+                                "(its --max-logprobs), or set it to 0")
     return None
 
 

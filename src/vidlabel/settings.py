@@ -41,7 +41,7 @@ _PROMPT = ("classify.model", "classify.prompt_template", "classify.questions", "
            "classify.max_num_batched_tokens", "classify.max_tokens")
 # What decides the answers besides the request body: the server and its generation settings.
 _SERVER = ("classify.server_command", "classify.server_args", "classify.generation_config",
-           "classify.temperature", "media_root")
+           "classify.temperature", "classify.top_logprobs", "media_root")
 _CLIENT = ("classify.concurrency", "classify.request_timeout_s", "classify.adaptive_deadline",
            "classify.deadline_floor_s", "classify.max_attempts", "classify.backoff_initial_s",
            "classify.backoff_max_s", "classify.health_interval_s", "classify.adaptive_concurrency")

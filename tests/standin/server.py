@@ -150,6 +150,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--mm-processor-cache-gb", type=float, default=4.0)
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--load-format", default="auto")
+    p.add_argument("--max-logprobs", type=int, default=20)
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--faults-file", default=None,
@@ -414,6 +415,9 @@ class StandIn:
         if body.get("model") != args.served_model:
             return self._error(rid, 404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
 
+        if body.get("logprobs") and int(body.get("top_logprobs") or 0) > args.max_logprobs:
+            return self._error(rid, 400, f"Requested sample logprobs of {body['top_logprobs']}, which is greater "
+                               f"than max allowed: {args.max_logprobs}", "BadRequestError")
         # Admission: a storm, then the capacity cap.
         n = self.chat_arrivals
         if self.storm and self.storm[0] < n <= self.storm[0] + self.storm[1]:
