@@ -23,6 +23,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [f"{workflow.basedir}/sr
 import vidlabel.config
 import vidlabel.inventory
 import vidlabel.planning
+import vidlabel.settings
 import vidlabel.slurm
 
 vidlabel.config.validate(config, f"{workflow.basedir}/workflow/schemas/config.schema.yaml")
@@ -43,6 +44,7 @@ include: "workflow/rules/classify.smk"
 include: "workflow/rules/merge.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/estimate.smk"
+include: "workflow/rules/label_sample.smk"
 
 
 rule all:

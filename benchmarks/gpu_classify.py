@@ -1,34 +1,53 @@
 """The classify stage on a real GPU with a real vLLM, exactly as the workflow runs it, measured.
 
 Runs on any machine with a GPU and ``vllm`` on PATH (``--standin`` puts the test stand-in there
-instead, to try the script without a GPU). Two steps:
+instead, to try the script without a GPU). Steps:
 
-``media``  makes a realistic set: ``--sources`` distinct videos (log-uniform 5-60 s, 30 fps, 720p and
-           1080p, portrait and landscape, H.264; ffmpeg's testsrc2 pattern) used by ``--posts`` posts
-           (several posts may share a source file: the default server flags turn vLLM's prefix and
-           multimodal caches off, so every request is decoded, processed and prefilled in full), with
-           captions, synthetic transcripts (~2.5 words per second of video) and a few broken files
-           (empty, text, cut before and after the MP4 index, missing).
-``run``    per media mode (raw, or every video pre-transcoded): inventory, transcode and manifest with
-           vidlabel's stage functions and the default config (``config/config.yaml``), then per variant
-           ``vidlabel.classify.run_shard`` with the configured server command, which starts, uses and
-           stops its own server. Variants are dash-joined words: ``default``, ``transcoded``, ``apiN``
-           (API servers), ``concN`` (client concurrency per copy), ``tpN`` / ``dpN`` (tensor or data
-           parallel instead of ``auto``), ``dpvllm`` (copies served by vLLM's --data-parallel-size),
-           ``eager`` (--enforce-eager), ``mbtN`` (--max-num-batched-tokens N); ``@anything`` at the end
-           only names the run (``default-@72b-4gpu``). A rerun of the same workdir resumes unfinished variants
-           from their journals and skips finished ones.
+``media``    makes a set in WORKDIR (media/, posts.csv, transcripts.parquet, media.json):
+             ``--kind camera`` (default): ``--sources`` distinct videos like phone uploads: portrait-heavy
+             720p/1080p with some landscape and 4K, log-uniform 5-45 s, 30 fps, H.264 High profile with
+             B-frames and CABAC at 1-4 Mb/s (VBV-capped), sensor-like temporal noise over moving content,
+             AAC speech by espeak-ng (pink noise where espeak-ng is missing). ``--kind testsrc2``: the
+             former set (ffmpeg's testsrc2 pattern, x264 ultrafast crf 30, 5-60 s, no audio), cheap to
+             decode. ``--kind none``: no such set (with ``--formats`` only). ``--formats`` adds one post
+             per format users download (HEVC 8/10 bit, VP9 WebM, AV1, .mov, .mkv, 60 fps, variable
+             frame rate, a rotation flag, odd and panoramic sizes, yuv444, 10-bit H.264, 4K portrait,
+             0.5 s / 0.25 s / one-frame clips, no audio, MPEG-4 Part 2 in AVI; a format file already in
+             media/ is kept, so a set made elsewhere can be copied in first). ``--posts`` posts use
+             the sources (several posts may share a file: the default server flags turn vLLM's prefix
+             and multimodal caches off, so every request is decoded, processed and prefilled in full),
+             with captions, synthetic transcripts (~2.5 words per second of video) and a few broken
+             files (empty, text, cut before and after the MP4 index, missing). Prints, per set, the CPU
+             seconds a vLLM-style OpenCV decode spends per second of video next to the visual tokens.
+``prepare``  per media mode (``--modes raw,transcoded``): inventory, transcode (its CPU seconds
+             measured) and manifest with vidlabel's stage functions and the default config, and the
+             decode cost of the media the server will read; no GPU needed.
+``run``      per variant, ``vidlabel.classify.run_shard`` with the configured server command, which
+             starts, uses and stops its own server (``prepare`` runs first where needed). Variants are
+             dash-joined words: ``default``, ``transcoded``, ``apiN`` (API servers), ``concN`` (client
+             concurrency per copy), ``tpN`` / ``dpN`` (tensor or data parallel instead of ``auto``),
+             ``dpvllm`` (copies served by vLLM's --data-parallel-size), ``eager`` (--enforce-eager),
+             ``mbtN`` (--max-num-batched-tokens N); ``@anything`` at the end only names the run
+             (``default-@72b-4gpu``). A rerun of the same workdir resumes unfinished variants from
+             their journals and skips finished ones.
+``estimate`` ``vidlabel.estimate.run`` (the pilot and projection of ``snakemake estimate``) on the
+             prepared manifest of ``--mode``, printed next to the measured job of ``--compare``.
+
+``prepare``, ``run`` and ``estimate`` take ``--posts`` (a posts CSV/Parquet table or a directory of
+videos) and ``--media-root`` to measure on your own data instead of the generated set (with
+``--transcripts`` optionally, else every transcript is empty).
 
 Printed per variant: requests by status and error kind; estimated / served prompt tokens (min,
 median, max of the ratio); prompt and output tok/s, req/s and p50 latency over the request phase
 (first start to last finish); server start time (launch to ready); the most requests the engine
-ran at once (from vLLM's log); mean GPU utilisation (nvidia-smi).
+ran at once (from vLLM's log); GPU busy (mean nvidia-smi utilisation, and the share of 1 s samples
+under 5 %); the media's decode CPU seconds per second of video; the transcode's CPU seconds.
 
-Example (one H200, Qwen2.5-VL-7B; extra server flags such as --load-format dummy come from
-``--server-args`` or the ``vllm`` on PATH, never from this script):
-    python benchmarks/gpu_classify.py media --workdir /tmp/bench --sources 80 --posts 240
-    python benchmarks/gpu_classify.py run --workdir /tmp/bench --model Qwen/Qwen2.5-VL-7B-Instruct \\
-        --variants default,transcoded,api1,api1-transcoded
+Example (one H200, 16 cores, Qwen2.5-VL-7B; extra server flags such as --load-format dummy come
+from ``--server-args`` or the ``vllm`` on PATH, never from this script):
+    python benchmarks/gpu_classify.py media --workdir /tmp/bench --sources 80 --posts 240 --formats
+    python benchmarks/gpu_classify.py prepare --workdir /tmp/bench
+    python benchmarks/gpu_classify.py run --workdir /tmp/bench --variants default,transcoded
 """
 
 from __future__ import annotations
@@ -41,6 +60,7 @@ import math
 import os
 import random
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -51,7 +71,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
-SIZES = [(720, 1280), (1280, 720), (1080, 1920), (1920, 1080)]
+TESTSRC2_SIZES = [(720, 1280), (1280, 720), (1080, 1920), (1920, 1080)]
+# (width, height), share of the camera-like set: portrait-heavy, as phones upload.
+CAMERA_SIZES = [((720, 1280), 0.40), ((1080, 1920), 0.40), ((1280, 720), 0.07), ((1920, 1080), 0.08),
+                ((2160, 3840), 0.05)]
+CAMERA_SECONDS = (5.0, 45.0)
+CAMERA_KBPS = (1000, 4000)
 WORDS = ("today I want to show you this new product it is really good and you can buy it with my code "
          "we went to the beach and had pizza with friends the weather was great check the link in my bio "
          "this recipe takes ten minutes follow for more tips and tricks honestly I did not expect that").split()
@@ -62,15 +87,202 @@ CAPTIONS = ["New drop is live! Link in bio #ad", "Sunday vibes", "", "Recette fa
 
 # ----------------------------------------------------------------------------------------- media
 
-def make_source(path: Path, width: int, height: int, seconds: float) -> None:
+def ffmpeg_run(args: list, what: str) -> None:
+    proc = subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-y", *map(str, args)], capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"ffmpeg failed making {what}: {proc.stderr.strip()[-800:]}")
+
+
+def speech_input(work: Path, key: str, seconds: float, rng: random.Random) -> list:
+    """ffmpeg input arguments for ~``seconds`` of speech: espeak-ng reading random words (looped to
+    length), or pink noise where espeak-ng is missing."""
+    exe = shutil.which("espeak-ng") or shutil.which("espeak")
+    if not exe:
+        return ["-f", "lavfi", "-i", f"anoisesrc=color=pink:amplitude=0.1:sample_rate=16000:duration={seconds:.2f}"]
+    wav = work / "speech" / f"{key}.wav"
+    if not wav.exists():
+        wav.parent.mkdir(parents=True, exist_ok=True)
+        words = " ".join(rng.choice(WORDS) for _ in range(max(3, int(seconds * 2.5))))
+        subprocess.run([exe, "-s", "165", "-w", str(wav), words], check=True, capture_output=True)
+    return ["-stream_loop", "-1", "-i", wav]
+
+
+def camera_video_input(width: int, height: int, seconds: float, rate: int, seed: int) -> tuple[list, str]:
+    """Moving content with sensor-like temporal noise (a new noise pattern every frame)."""
+    return (["-f", "lavfi", "-i", f"testsrc2=size={width}x{height}:rate={rate}", "-t", f"{seconds:.3f}"],
+            f"noise=alls=14:allf=t+u:all_seed={seed % 100000},format=yuv420p")
+
+
+def h264_camera_args(kbps: int, threads: int) -> list:
+    """What a phone's encoder writes: High profile, CABAC, 3 B-frames, 2 s GOP, VBV-capped bitrate."""
+    return ["-c:v", "libx264", "-profile:v", "high", "-preset", "superfast", "-bf", "3", "-g", "60",
+            "-b:v", f"{kbps}k", "-maxrate", f"{int(kbps * 1.5)}k", "-bufsize", f"{kbps * 2}k", "-threads", threads]
+
+
+def make_camera_source(work: Path, path: Path, width: int, height: int, seconds: float, kbps: int, seed: int,
+                       threads: int) -> None:
     if path.exists():
         return
-    tmp = path.with_suffix(".part.mp4")
-    subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i",
-                    f"testsrc2=size={width}x{height}:rate=30", "-t", f"{seconds:.2f}", "-c:v", "libx264",
-                    "-preset", "ultrafast", "-crf", "30", "-pix_fmt", "yuv420p", "-threads", "2",
-                    "-movflags", "+faststart", str(tmp)], check=True)
+    rng = random.Random(seed)
+    video, vf = camera_video_input(width, height, seconds, 30, seed)
+    tmp = path.with_suffix(".part" + path.suffix)
+    ffmpeg_run([*video, *speech_input(work, path.stem, seconds, rng), "-map", "0:v", "-map", "1:a", "-vf", vf,
+                *h264_camera_args(kbps, threads), "-c:a", "aac", "-b:a", "96k", "-ac", "1", "-t", f"{seconds:.3f}",
+                "-movflags", "+faststart", "-f", "mp4", tmp], path.name)
     tmp.rename(path)
+
+
+def make_testsrc2_source(work: Path, path: Path, width: int, height: int, seconds: float, kbps: int, seed: int,
+                         threads: int) -> None:
+    """The former benchmark set: cheap to decode (flat pattern, no B-frames, no CABAC, no audio)."""
+    if path.exists():
+        return
+    tmp = path.with_suffix(".part" + path.suffix)
+    ffmpeg_run(["-f", "lavfi", "-i", f"testsrc2=size={width}x{height}:rate=30", "-t", f"{seconds:.2f}",
+                "-c:v", "libx264", "-preset", "ultrafast", "-crf", "30", "-pix_fmt", "yuv420p", "-threads", threads,
+                "-movflags", "+faststart", "-f", "mp4", tmp], path.name)
+    tmp.rename(path)
+
+
+def av1_encoder() -> list | None:
+    """Arguments for the fastest AV1 encoder this ffmpeg has, or None."""
+    listed = subprocess.run(["ffmpeg", "-hide_banner", "-encoders"], capture_output=True, text=True).stdout
+    for name, args in (("libsvtav1", ["-preset", "12"]), ("libaom-av1", ["-cpu-used", "8", "-row-mt", "1"]),
+                       ("librav1e", ["-speed", "10"])):
+        if f" {name} " in listed:
+            return ["-c:v", name, *args, "-b:v", "1500k"]
+    return None
+
+
+def format_specs() -> dict[str, dict]:
+    """One post per format users download: name -> file extension, size, seconds, fps, codec args."""
+    h264 = ["-c:v", "libx264", "-profile:v", "high", "-preset", "superfast", "-bf", "3", "-b:v", "2000k"]
+    aac = ["-c:a", "aac", "-b:a", "96k", "-ac", "1"]
+    specs = {
+        "hevc-8bit": dict(ext="mp4", args=["-c:v", "libx265", "-preset", "superfast", "-b:v", "1500k", "-tag:v", "hvc1",
+                                           "-x265-params", "log-level=error", *aac]),
+        "hevc-10bit": dict(ext="mp4", pix="yuv420p10le", args=["-c:v", "libx265", "-preset", "superfast", "-b:v",
+                                                               "1500k", "-tag:v", "hvc1", "-x265-params",
+                                                               "log-level=error", *aac]),
+        "vp9": dict(ext="webm", args=["-c:v", "libvpx-vp9", "-deadline", "realtime", "-cpu-used", "8", "-b:v", "1500k",
+                                      "-c:a", "libopus", "-b:a", "64k"]),
+        "quicktime": dict(ext="mov", args=[*h264, *aac]),
+        "matroska": dict(ext="mkv", args=[*h264, *aac]),
+        "60fps": dict(ext="mp4", fps=60, args=[*h264, *aac]),
+        "vfr": dict(ext="mp4", vf="select='not(mod(n\\,3))+gt(random(0)\\,0.5)'",
+                    args=[*h264, "-fps_mode", "vfr", *aac]),
+        "rotated": dict(ext="mp4", size=(1280, 720), rotate=90, args=[*h264, *aac]),
+        "odd-718x1278": dict(ext="mp4", size=(718, 1278), args=[*h264, *aac]),
+        "panorama-2560x480": dict(ext="mp4", size=(2560, 480), args=[*h264, *aac]),
+        "h264-yuv444": dict(ext="mp4", pix="yuv444p", args=["-c:v", "libx264", "-profile:v", "high444", "-preset",
+                                                            "superfast", "-b:v", "2000k", *aac]),
+        "h264-10bit": dict(ext="mp4", pix="yuv420p10le", args=["-c:v", "libx264", "-profile:v", "high10", "-preset",
+                                                               "superfast", "-b:v", "2000k", *aac]),
+        "4k-portrait": dict(ext="mp4", size=(2160, 3840), args=[*h264[:-1], "4000k", *aac]),
+        "short-0.5s": dict(ext="mp4", seconds=0.5, args=[*h264, *aac]),
+        "short-0.25s": dict(ext="mp4", seconds=0.25, args=[*h264, *aac]),
+        "one-frame": dict(ext="mp4", frames=1, args=[*h264]),
+        "no-audio": dict(ext="mp4", args=[*h264]),
+        "mpeg4-avi": dict(ext="avi", args=["-c:v", "mpeg4", "-b:v", "2000k", "-c:a", "aac", "-b:a", "96k"]),
+    }
+    av1 = av1_encoder()
+    if av1:
+        specs["av1"] = dict(ext="mp4", args=[*av1, *aac])
+    return specs
+
+
+def make_format(work: Path, media: Path, name: str, spec: dict, seed: int) -> Path:
+    width, height = spec.get("size", (720, 1280))
+    seconds = spec.get("seconds", 6.0)
+    path = media / f"fmt-{name}.{spec['ext']}"
+    if path.exists():
+        return path
+    video, vf = camera_video_input(width, height, seconds, spec.get("fps", 30), seed)
+    vf = vf.replace("format=yuv420p", f"format={spec.get('pix', 'yuv420p')}")
+    if spec.get("vf"):
+        vf = f"{spec['vf']},{vf}"
+    has_audio = "-c:a" in spec["args"]
+    audio = speech_input(work, f"fmt-{name}", seconds, random.Random(seed)) if has_audio else []
+    maps = ["-map", "0:v"] + (["-map", "1:a"] if has_audio else [])
+    frames = ["-frames:v", spec["frames"]] if spec.get("frames") else []
+    tmp = path.with_name(f"{path.stem}.part.{spec['ext']}")
+    ffmpeg_run([*video, *audio, *maps, "-vf", vf, *spec["args"], *frames, "-t", f"{seconds:.3f}", tmp], path.name)
+    if spec.get("rotate"):
+        rotated = path.with_name(f"{path.stem}.rot.{spec['ext']}")
+        ffmpeg_run(["-i", tmp, "-c", "copy", "-metadata:s:v:0", f"rotate={spec['rotate']}", rotated], path.name)
+        tmp.unlink()
+        tmp = rotated
+    tmp.rename(path)
+    return path
+
+
+def vllm_decode_cpu(path: str) -> tuple[float, float]:
+    """(CPU seconds, video seconds) of decoding a file as vLLM's OpenCV backend does: every frame up to
+    the last sampled one grabbed, the sampled ones (2 per second) retrieved to BGR."""
+    import cv2
+
+    cv2.setNumThreads(1)  # the processor's own threads are not the decoder's
+    before = time.process_time()
+    cap = cv2.VideoCapture(path)
+    try:
+        total = int(cap.get(cv2.CAP_PROP_FRAME_COUNT))
+        fps = cap.get(cv2.CAP_PROP_FPS) or 30.0
+        seconds = total / fps if total else 0.0
+        wanted = {int(i) for i in _linspace(total, max(2, int(seconds * 2)))}
+        last = max(wanted) if wanted else -1
+        for index in range(last + 1):
+            if not cap.grab():
+                break
+            if index in wanted:
+                cap.retrieve()
+    finally:
+        cap.release()
+    return time.process_time() - before, seconds
+
+
+def _linspace(total: int, n: int) -> list[int]:
+    if total <= 0:
+        return []
+    n = min(n, total)
+    return [round(i * (total - 1) / max(1, n - 1)) for i in range(n)]
+
+
+def decode_cost(paths: list[str], jobs: int) -> dict | None:
+    """Decode CPU seconds per second of video over distinct files (hard links counted once)."""
+    try:
+        import cv2  # noqa: F401
+    except ImportError:
+        print("decode cost: OpenCV (cv2) is not installed here; not measured", flush=True)
+        return None
+    unique = {}
+    for p in paths:
+        try:
+            unique.setdefault(os.stat(p).st_ino, p)
+        except OSError:
+            continue
+    with cf.ProcessPoolExecutor(max_workers=jobs) as pool:
+        results = list(pool.map(vllm_decode_cpu, unique.values()))
+    cpu = sum(r[0] for r in results)
+    video = sum(r[1] for r in results)
+    per_file = sorted(r[0] / r[1] for r in results if r[1] > 0)
+    return {"files": len(results), "video_s": video, "decode_cpu_s": cpu,
+            "decode_cpu_s_per_video_s": cpu / video if video else None,
+            "per_file_median": statistics.median(per_file) if per_file else None,
+            "per_file_max": per_file[-1] if per_file else None}
+
+
+def visual_tokens(paths: list[str]) -> tuple[int, float]:
+    """Visual tokens at the default config (vidlabel's estimate) and seconds of video of the files."""
+    from vidlabel import config as vconfig
+    from vidlabel import tokens as tk
+    from vidlabel.media import probe
+
+    config = vconfig.load(REPO / "config" / "config.yaml", {"posts": "p", "media_root": "/"})
+    infos = [probe(p) for p in paths]
+    infos = [i for i in infos if not i["probe_error"]]
+    est = tk.estimate_visual(config, [i["duration_s"] for i in infos], [i["fps"] or 0 for i in infos],
+                             [i["width"] for i in infos], [i["height"] for i in infos])
+    return int(est.tokens.sum()), float(sum(i["duration_s"] for i in infos))
 
 
 def make_media(args) -> None:
@@ -78,39 +290,72 @@ def make_media(args) -> None:
     media = work / "media"
     media.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
+    threads = 2
     sources = []
-    for i in range(args.sources):
-        width, height = SIZES[i % len(SIZES)]
-        seconds = round(math.exp(rng.uniform(math.log(5), math.log(60))), 2)
-        sources.append((media / f"src{i:03d}-{width}x{height}-{seconds:g}s.mp4", width, height, seconds))
+    if args.kind == "camera":
+        sizes, weights = zip(*CAMERA_SIZES)
+        for i in range(args.sources):
+            width, height = rng.choices(sizes, weights)[0]
+            seconds = round(math.exp(rng.uniform(*map(math.log, CAMERA_SECONDS))), 2)
+            kbps = int(math.exp(rng.uniform(*map(math.log, CAMERA_KBPS))))
+            sources.append((media / f"cam{i:03d}-{width}x{height}-{seconds:g}s-{kbps}k.mp4", width, height, seconds,
+                            kbps, args.seed * 1000 + i))
+        maker = make_camera_source
+    elif args.kind == "testsrc2":
+        for i in range(args.sources):
+            width, height = TESTSRC2_SIZES[i % len(TESTSRC2_SIZES)]
+            seconds = round(math.exp(rng.uniform(math.log(5), math.log(60))), 2)
+            sources.append((media / f"src{i:03d}-{width}x{height}-{seconds:g}s.mp4", width, height, seconds, 0, i))
+        maker = make_testsrc2_source
     t0 = time.monotonic()
-    with cf.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        list(pool.map(lambda s: make_source(*s), sources))
-    print(f"media: {len(sources)} sources in {time.monotonic() - t0:.1f} s", flush=True)
+    workers = max(1, args.jobs // threads)
+    if sources:
+        with cf.ThreadPoolExecutor(max_workers=workers) as pool:
+            list(pool.map(lambda s: maker(work, s[0], *s[1:], threads), sources))
+    print(f"media: {len(sources)} {args.kind} sources in {time.monotonic() - t0:.1f} s", flush=True)
+    formats = {}
+    if args.formats:
+        t0 = time.monotonic()
+        specs = format_specs()
+        if "av1" not in specs:
+            print("media: this ffmpeg has no AV1 encoder (libsvtav1, libaom-av1, librav1e): no AV1 file", flush=True)
+        def attempt(item):
+            try:
+                return make_format(work, media, item[0], item[1], args.seed + len(item[0]))
+            except RuntimeError as exc:  # e.g. an encoder this ffmpeg lacks: the others still count
+                print(f"media: format {item[0]} not made: {exc}", flush=True)
+                return None
+
+        with cf.ThreadPoolExecutor(max_workers=workers) as pool:
+            made = list(pool.map(attempt, specs.items()))
+        formats = {name: path for name, path in zip(specs, made) if path is not None}
+        print(f"media: {len(formats)} format files in {time.monotonic() - t0:.1f} s", flush=True)
     # Broken files: empty, text, an MP4 cut before its index, one cut after it, and a missing file.
-    (media / "bad-empty.mp4").write_bytes(b"")
-    (media / "bad-text.mp4").write_text("This is a text file, not a video.\n")
-    whole = sources[0][0].read_bytes()
-    (media / "bad-cut-after-index.mp4").write_bytes(whole[: int(len(whole) * 0.6)])
-    subprocess.run(["ffmpeg", "-v", "error", "-y", "-i", str(sources[1][0]), "-c", "copy",
-                    str(media / "nofaststart.mp4")], check=True)
-    plain = (media / "nofaststart.mp4").read_bytes()
-    (media / "bad-cut-before-index.mp4").write_bytes(plain[: len(plain) // 2])
-    (media / "nofaststart.mp4").unlink()
-    bad = ["bad-empty.mp4", "bad-text.mp4", "bad-cut-after-index.mp4", "bad-cut-before-index.mp4",
-           "bad-missing.mp4"]
+    bad = []
+    if sources:
+        (media / "bad-empty.mp4").write_bytes(b"")
+        (media / "bad-text.mp4").write_text("This is a text file, not a video.\n")
+        whole = sources[0][0].read_bytes()
+        (media / "bad-cut-after-index.mp4").write_bytes(whole[: int(len(whole) * 0.6)])
+        ffmpeg_run(["-i", sources[min(1, len(sources) - 1)][0], "-c", "copy", media / "nofaststart.mp4"], "a copy")
+        plain = (media / "nofaststart.mp4").read_bytes()
+        (media / "bad-cut-before-index.mp4").write_bytes(plain[: len(plain) // 2])
+        (media / "nofaststart.mp4").unlink()
+        bad = ["bad-empty.mp4", "bad-text.mp4", "bad-cut-after-index.mp4", "bad-cut-before-index.mp4",
+               "bad-missing.mp4"]
     # Posts: each source used by posts/sources posts (hard links: one file per post, as in a dataset).
     lines = ["post_id,video_path,caption"]
     transcripts = []
-    for p in range(args.posts):
-        src, _, _, seconds = sources[p % len(sources)]
+    for p in range(args.posts if sources else 0):
+        src, seconds = sources[p % len(sources)][0], sources[p % len(sources)][3]
         name = f"post{p:04d}.mp4"
         if not (media / name).exists():
             os.link(src, media / name)
-        caption = CAPTIONS[p % len(CAPTIONS)].replace(",", " ")
-        lines.append(f"post{p:04d},media/{name},{caption}")
+        lines.append(f"post{p:04d},media/{name},{CAPTIONS[p % len(CAPTIONS)].replace(',', ' ')}")
         words = int(seconds * 2.5 * rng.uniform(0, 1.2))
         transcripts.append((f"post{p:04d}", " ".join(rng.choice(WORDS) for _ in range(words))))
+    for name, path in formats.items():
+        lines.append(f"fmt-{name},media/{path.name},format {name}")
     for j, name in enumerate(bad):
         lines.append(f"bad{j},media/{name},broken file")
     (work / "posts.csv").write_text("\n".join(lines) + "\n")
@@ -120,29 +365,64 @@ def make_media(args) -> None:
         "post_id": [t[0] for t in transcripts], "text": [t[1] for t in transcripts],
         "language": ["en"] * len(transcripts), "segments": ["[]"] * len(transcripts),
         "status": ["ok" if t[1] else "no_speech" for t in transcripts], "error": [None] * len(transcripts),
-        "audio_s": [None] * len(transcripts)}), work / "transcripts.parquet")
-    print(f"media: {args.posts} posts + {len(bad)} broken in {work / 'posts.csv'}", flush=True)
+        "audio_s": [None] * len(transcripts)}, schema=pa.schema([
+            ("post_id", pa.string()), ("text", pa.string()), ("language", pa.string()), ("segments", pa.string()),
+            ("status", pa.string()), ("error", pa.string()), ("audio_s", pa.float64())])),
+        work / "transcripts.parquet")
+    print(f"media: {len(transcripts)} posts + {len(formats)} formats + {len(bad)} broken in {work / 'posts.csv'}",
+          flush=True)
+    summary = {"kind": args.kind, "sources": len(sources), "posts": len(transcripts), "format_names": sorted(formats)}
+    for label, paths in ((args.kind, [str(s[0]) for s in sources]), ("formats", [str(p) for p in formats.values()])):
+        if not paths:
+            continue
+        tokens, seconds = visual_tokens(paths)
+        cost = decode_cost(paths, args.jobs)
+        summary[label] = {"files": len(paths), "video_s": seconds, "visual_tokens": tokens,
+                          "bytes": sum(os.path.getsize(p) for p in paths), "decode": cost}
+        print(f"media {label}: {len(paths)} files, {seconds:,.0f} s of video, {tokens:,} visual tokens "
+              f"({tokens / max(seconds, 1e-9):,.0f} per s of video), "
+              f"{summary[label]['bytes'] / 2**20:,.1f} MiB; decode CPU "
+              + (f"{cost['decode_cpu_s_per_video_s']:.3f} s per s of video (per file median "
+                 f"{cost['per_file_median']:.3f}, max {cost['per_file_max']:.3f}), "
+                 f"{cost['decode_cpu_s'] / max(tokens, 1) * 1000:.3f} s per 1,000 visual tokens" if cost else "-"),
+              flush=True)
+    (work / "media.json").write_text(json.dumps(summary, indent=1))
 
 
 # ------------------------------------------------------------------------------------ the stages
+
+def posts_source(args) -> tuple[str, str, list[Path]]:
+    """(posts table or directory, media root, transcript files): the user's, else the generated set."""
+    work = Path(args.workdir)
+    if args.posts:
+        root = args.media_root or (args.posts if Path(args.posts).is_dir() else str(Path(args.posts).parent))
+        return str(Path(args.posts).resolve()), str(Path(root).resolve()), [Path(t) for t in args.transcripts]
+    return str(work / "posts.csv"), str(work / "media"), [work / "transcripts.parquet"]
+
 
 def base_config(args, mode: str) -> dict:
     from vidlabel import config as vconfig
 
     work = Path(args.workdir)
+    posts, media_root, _ = posts_source(args)
     overrides = {
-        "posts": str(work / "posts.csv"), "media_root": str(work / "media"),
+        "posts": posts, "media_root": media_root,
         "results": str(work / f"data-{mode}"),
         "classify": {"model": args.model, "shards": 1, "server_args": args.server_args,
                      "startup_timeout_s": args.startup_timeout},
         "planning": {"transcode": {"enabled": mode == "transcoded", "chunks": args.jobs,
-                                   "media_dir": str(work / "transcoded-media")}},
+                                   "media_dir": str(work / f"transcoded-media-{mode}")},
+                     "tokenizer": args.tokenizer},
     }
     return vconfig.load(REPO / "config" / "config.yaml", overrides)
 
 
 def prepare(args, mode: str) -> Path:
-    """Inventory, transcode chunks (in parallel, as SLURM would run them) and the manifest."""
+    """Inventory, transcode chunks (in parallel, as SLURM would run them) and the manifest; the
+    transcode's CPU seconds and the decode cost of the media the server will read go to
+    ``{results}/prepare.json``."""
+    import pyarrow.parquet as pq
+
     from vidlabel import manifest, transcode
     from vidlabel.inventory import build_inventory
 
@@ -151,20 +431,33 @@ def prepare(args, mode: str) -> Path:
     shard = results / "manifest" / "shard-0.parquet"
     if shard.exists():
         return shard
+    _, _, transcripts = posts_source(args)
     inventory = results / "inventory.parquet"
     t0 = time.monotonic()
     build_inventory(config, inventory, threads=args.jobs)
     t1 = time.monotonic()
     chunks = [results / "transcoded" / f"chunk-{i}.parquet" for i in range(args.jobs)]
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     with cf.ThreadPoolExecutor(max_workers=args.jobs) as pool:
         list(pool.map(lambda i: transcode.run_chunk(config, inventory, i, chunks[i],
                                                     config["planning"]["transcode"]["media_dir"]),
                       range(args.jobs)))
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    transcode_cpu = (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime)
     t2 = time.monotonic()
-    manifest.build(config, inventory, [Path(args.workdir) / "transcripts.parquet"], chunks, [shard],
+    manifest.build(config, inventory, [t for t in transcripts if t.exists()], chunks, [shard],
                    results / "manifest" / "excluded.parquet", results / "manifest" / "plan.csv")
-    print(f"{mode}: inventory {t1 - t0:.1f} s, transcode {t2 - t1:.1f} s, manifest {time.monotonic() - t2:.1f} s",
-          flush=True)
+    t3 = time.monotonic()
+    transcoded = sum(r["status"] == "ok" for c in chunks for r in pq.read_table(c, columns=["status"]).to_pylist())
+    sent = pq.read_table(shard, columns=["media_path"]).column("media_path").to_pylist()
+    info = {"mode": mode, "inventory_s": t1 - t0, "transcode_s": t2 - t1, "transcode_cpu_s": transcode_cpu,
+            "transcoded_posts": transcoded, "manifest_s": t3 - t2, "requests": len(sent),
+            "decode": decode_cost(sent, args.jobs)}
+    (results / "prepare.json").write_text(json.dumps(info, indent=1))
+    decode = info["decode"]
+    print(f"{mode}: inventory {t1 - t0:.1f} s, transcode {t2 - t1:.1f} s ({transcoded} posts, {transcode_cpu:.1f} "
+          f"CPU-s), manifest {t3 - t2:.1f} s; the server's media: "
+          + (f"{decode['decode_cpu_s_per_video_s']:.3f} decode CPU-s per s of video" if decode else "-"), flush=True)
     return shard
 
 
@@ -280,6 +573,8 @@ def summarise(name, config, records, excluded, wall, ready_s, gpu_samples, serve
     # vLLM logs the requests it runs every few seconds, per copy.
     running = [int(x) for log in server_logs for x in re.findall(r"Running: (\d+) reqs", log.read_text(errors="replace"))]
     in_window = [u for t, u in gpu_samples if started and min(started) <= t <= max(finished)]
+    prepared = Path(config["results"]) / "prepare.json"
+    prep = json.loads(prepared.read_text()) if prepared.exists() else {}
     c = config["classify"]
     return {
         "variant": name, "requests": len(records), "excluded": len(excluded),
@@ -296,6 +591,9 @@ def summarise(name, config, records, excluded, wall, ready_s, gpu_samples, serve
         "engine_running_max": max(running) if running else None,
         "engine_running_median": statistics.median(running) if running else None,
         "gpu_util_mean": statistics.mean(in_window) if in_window else None,
+        "gpu_idle_share": sum(u < 5 for u in in_window) / len(in_window) if in_window else None,
+        "decode_cpu_s_per_video_s": (prep.get("decode") or {}).get("decode_cpu_s_per_video_s"),
+        "transcode_cpu_s": prep.get("transcode_cpu_s"), "transcoded_posts": prep.get("transcoded_posts"),
         "model": c["model"], "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", "all"), "cpus": len(os.sched_getaffinity(0)),
         "concurrency": c["concurrency"], "api_server_count": c["api_server_count"],
         "max_num_batched_tokens": c["max_num_batched_tokens"], "max_tokens": c["max_tokens"],
@@ -306,11 +604,13 @@ def summarise(name, config, records, excluded, wall, ready_s, gpu_samples, serve
 def table(rows: list[dict]) -> str:
     head = ("| variant | requests: status | est/served tokens (min / median / max) | served prompt tokens "
             "(min / median / max) | prompt tok/s | output tok/s | req/s | p50 latency | server start | "
-            "engine running (max / median) | GPU util | layout |\n" + "|---" * 12 + "|")
+            "engine running (max / median) | GPU busy (idle samples) | decode CPU-s per s of video | "
+            "transcode CPU-s (posts) | layout |\n" + "|---" * 14 + "|")
     lines = [head]
     for r in rows:
         ratio = r["est_over_served"]
         pt = r["prompt_tokens"]
+        decode = r.get("decode_cpu_s_per_video_s")
         lines.append(
             f"| {r['variant']} | {r['requests']}: {r['by_kind']} (+{r['excluded']} excluded) | "
             + (f"{ratio['min']:.3f} / {ratio['median']:.3f} / {ratio['max']:.3f} ({r['within_2pct']} within ±2 %)"
@@ -320,13 +620,16 @@ def table(rows: list[dict]) -> str:
             + (f"{r['p50_latency_s']:.1f} s" if r["p50_latency_s"] is not None else "-") + " | "
             + (f"{r['server_start_s']:.0f} s" if r["server_start_s"] is not None else "-") + " | "
             + (f"{r['engine_running_max']} / {r['engine_running_median']:g}" if r["engine_running_max"] else "-")
-            + " | " + (f"{r['gpu_util_mean']:.0f} %" if r["gpu_util_mean"] is not None else "-")
+            + " | " + (f"{r['gpu_util_mean']:.0f} % ({r['gpu_idle_share']:.0%})" if r["gpu_util_mean"] is not None
+                       else "-")
+            + " | " + (f"{decode:.3f}" if decode is not None else "-")
+            + " | " + (f"{r['transcode_cpu_s']:,.0f} ({r['transcoded_posts']})" if r.get("transcode_cpu_s") is not None
+                       else "-")
             + f" | {r.get('layout') or '-'} |")
     return "\n".join(lines)
 
 
-def run(args) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def use_standin(args) -> None:
     if args.standin:
         sys.path.insert(0, str(REPO / "tests"))
         from standin import vllm_shim
@@ -334,6 +637,10 @@ def run(args) -> int:
         shim = vllm_shim(Path(args.workdir) / "standin-bin", "--random-weights", "--slots", "16",
                          "--prefill-tokens-per-s", "200000", "--latency", "0.05")
         os.environ["PATH"] = f"{shim.parent}{os.pathsep}{os.environ['PATH']}"
+
+
+def run(args) -> int:
+    use_standin(args)
     rows = []
     results = Path(args.out) if args.out else Path(args.workdir) / "gpu_classify.json"
     previous = json.loads(results.read_text()) if results.exists() else []
@@ -347,28 +654,80 @@ def run(args) -> int:
     return 0 if all(r["error"] is None for r in rows) else 1
 
 
+def estimate(args) -> int:
+    """The estimate target's pilot and projection on the prepared manifest, next to a measured job."""
+    from vidlabel import estimate as es
+
+    use_standin(args)
+    mode, config = variant_config(args, args.variant)
+    config["planning"]["pilot_size"] = args.pilot_size
+    shard = prepare(args, mode)
+    out = Path(args.workdir) / "estimate" / args.variant
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    result = es.run(config, [shard], out / "estimate.json", out / "estimate.md", out, out / "server.log")
+    wall = time.monotonic() - t0
+    projected = result["projection"]["shard_hours"]["max"] * 3600
+    pilot = result["pilot"]
+    print((out / "estimate.md").read_text())
+    line = (f"estimate ({args.variant}): pilot of {pilot['requests']} requests in {wall:.0f} s (steady "
+            f"{pilot['steady']}, window {pilot['steady_window_s']:.0f} s, {pilot['prompt_tokens_per_s']:,.0f} prompt "
+            f"tok/s, model: {pilot['model']}); projected shard job {projected:.0f} s (start-up "
+            f"{pilot['startup_s']:.0f} s + ramp-up and drain {pilot['ramp_drain_s']:.0f} s + requests)")
+    results = Path(args.out) if args.out else Path(args.workdir) / "gpu_classify.json"
+    measured = [r for r in (json.loads(results.read_text()) if results.exists() else [])
+                if r["variant"] == (args.compare or args.variant)]
+    if measured:
+        job = measured[0]["wall_s"]
+        line += f"; measured job ({measured[0]['variant']}) {job:.0f} s: projected / measured {projected / job:.3f}"
+    print(line, flush=True)
+    return 0
+
+
 def main() -> int:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="step", required=True)
     m = sub.add_parser("media")
+    pr = sub.add_parser("prepare")
     r = sub.add_parser("run")
-    for p in (m, r):
+    e = sub.add_parser("estimate")
+    for p in (m, pr, r, e):
         p.add_argument("--workdir", default="/tmp/vidlabel-gpu")
         p.add_argument("--jobs", type=int, default=os.cpu_count() or 4)
+    m.add_argument("--kind", choices=("camera", "testsrc2", "none"), default="camera")
     m.add_argument("--sources", type=int, default=80)
     m.add_argument("--posts", type=int, default=240)
+    m.add_argument("--formats", action="store_true", help="add one post per platform format")
     m.add_argument("--seed", type=int, default=0)
-    r.add_argument("--model", default="Qwen/Qwen2.5-VL-7B-Instruct")
-    r.add_argument("--variants", default="default,transcoded,api1,api1-transcoded")
-    r.add_argument("--server-args", default="", help="classify.server_args for every variant")
-    r.add_argument("--startup-timeout", type=float, default=900)
-    r.add_argument("--out", default=None, help="JSON results (default WORKDIR/gpu_classify.json)")
-    r.add_argument("--standin", action="store_true", help="the test stand-in as `vllm` (no GPU needed)")
+    for p in (pr, r, e):
+        p.add_argument("--posts", default=None, help="your posts table (CSV/Parquet) or directory of videos")
+        p.add_argument("--media-root", default=None, help="media_root for --posts (default: its directory)")
+        p.add_argument("--transcripts", nargs="*", default=[], help="transcript parquet files for --posts")
+        p.add_argument("--model", default="Qwen/Qwen2.5-VL-7B-Instruct")
+        p.add_argument("--tokenizer", default=None,
+                       help="planning.tokenizer (a tokenizer.json or model directory): exact text tokens, which "
+                            "short clips need to be estimated within 2 %%; give it to prepare, run and estimate alike")
+        p.add_argument("--server-args", default="", help="classify.server_args for every variant")
+        p.add_argument("--startup-timeout", type=float, default=900)
+        p.add_argument("--out", default=None, help="JSON results (default WORKDIR/gpu_classify.json)")
+        p.add_argument("--standin", action="store_true", help="the test stand-in as `vllm` (no GPU needed)")
+    pr.add_argument("--modes", default="raw,transcoded")
+    r.add_argument("--variants", default="default,transcoded")
+    e.add_argument("--variant", default="default", help="the server and media of this variant")
+    e.add_argument("--pilot-size", type=int, default=128)
+    e.add_argument("--compare", default=None, help="the measured variant to compare with (default: --variant)")
     args = ap.parse_args()
     if args.step == "media":
         make_media(args)
         return 0
+    if args.step == "prepare":
+        for mode in args.modes.split(","):
+            prepare(args, mode)
+        return 0
+    if args.step == "estimate":
+        return estimate(args)
     return run(args)
 
 

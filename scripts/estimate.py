@@ -1,7 +1,9 @@
 # Snakemake adapter: rule estimate (pilot run and projection).
 from vidlabel.estimate import run
 from vidlabel.logs import configure
+from vidlabel.settings import for_job
 
 configure(snakemake.log[0])
-run(snakemake.config, list(snakemake.input.shards), snakemake.output.json, snakemake.output.summary,
+config = for_job(snakemake.config, "estimate")
+run(config, list(snakemake.input.shards), snakemake.output.json, snakemake.output.summary,
     snakemake.params.workdir)

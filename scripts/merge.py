@@ -1,7 +1,9 @@
 # Snakemake adapter: rule merge.
 from vidlabel.logs import configure
+from vidlabel.settings import for_job
 from vidlabel.merge import merge
 
 configure(snakemake.log[0])
-merge(snakemake.config, snakemake.input.inventory, snakemake.input.excluded, list(snakemake.input.labels),
+config = for_job(snakemake.config, "merge")
+merge(config, snakemake.input.inventory, snakemake.input.excluded, list(snakemake.input.labels),
       snakemake.output[0])

@@ -1,7 +1,9 @@
 # Snakemake adapter: rule transcode (one chunk).
 from vidlabel.logs import configure
+from vidlabel.settings import for_job
 from vidlabel.transcode import run_chunk
 
 configure(snakemake.log[0])
-run_chunk(snakemake.config, snakemake.input[0], int(snakemake.wildcards.chunk), snakemake.output[0],
+config = for_job(snakemake.config, "transcode")
+run_chunk(config, snakemake.input[0], int(snakemake.wildcards.chunk), snakemake.output[0],
           snakemake.params.media_dir)

@@ -1,6 +1,8 @@
 # Snakemake adapter: rule transcribe (one chunk).
 from vidlabel.logs import configure
+from vidlabel.settings import for_job
 from vidlabel.transcribe import run_chunk
 
 configure(snakemake.log[0])
-run_chunk(snakemake.config, snakemake.input[0], int(snakemake.wildcards.chunk), snakemake.output[0])
+config = for_job(snakemake.config, "transcribe")
+run_chunk(config, snakemake.input[0], int(snakemake.wildcards.chunk), snakemake.output[0])

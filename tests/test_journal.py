@@ -96,3 +96,15 @@ def test_record_policy_fsyncs_every_append(tmp_path, monkeypatch):
         batched = len(calls)
     assert per_record == 5
     assert batched == 1  # the first append syncs, the rest wait for the interval (and close)
+
+
+def test_iter_records_skips_unwanted_keys_before_parsing(tmp_path):
+    path = tmp_path / "j.jsonl"
+    with Journal(path, key="request_id") as j:
+        for rid in ("a", "b", "c"):
+            j.append({"request_id": rid, "n": 1})
+    with open(path, "ab") as fh:
+        fh.write(b'{"other":1,"request_id":"b"}\n')  # not led by the key: parsed, kept
+    got = list(iter_records(path, "request_id", {"b"}))
+    assert got == [{"request_id": "b", "n": 1}, {"other": 1, "request_id": "b"}]
+    assert len(list(iter_records(path))) == 4

@@ -12,12 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from vidlabel import aggregate, config as vconfig, merge
+from vidlabel.classify import LABEL_SCHEMA
 
 QUESTIONS = [{"id": "promotes_product", "text": "Product?"}, {"id": "shows_face", "text": "Face?"}]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-SHARD_COLUMNS = ["request_id", "post_id", "shard", "status", "error_kind", "error", "http_status", "attempts",
-                 "latency_s", "started_at", "finished_at", "finish_reason", "prompt_tokens", "completion_tokens",
-                 "est_prompt_tokens", "raw_text", "answers"]
+SHARD_COLUMNS = LABEL_SCHEMA.names  # what a classify job writes
 
 
 def _config(**extra):
@@ -30,7 +29,7 @@ def _config(**extra):
 
 
 def _write_shard(path, rows):
-    table = pa.table({c: [r.get(c) for r in rows] for c in SHARD_COLUMNS})
+    table = pa.table({c: [r.get(c) for r in rows] for c in SHARD_COLUMNS}, schema=LABEL_SCHEMA)
     pq.write_table(table, path)
 
 
@@ -97,7 +96,8 @@ def test_merge_one_row_per_post(fabricated):
     table = pq.read_table(_merge(f))
     assert table.column_names == ["post_id", "shard", "status", "error_kind", "error", "promotes_product",
                                   "shows_face", "prompt_tokens", "completion_tokens", "latency_s", "started_at",
-                                  "finished_at"]
+                                  "finished_at", "answer_probs", "model", "server", "settings_fingerprint",
+                                  "prompt_hash", "request_fingerprint"]
     rows = table.to_pylist()
     assert [r["post_id"] for r in rows] == f["order"]  # inventory order kept
     by_id = {r["post_id"]: r for r in rows}

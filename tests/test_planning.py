@@ -158,3 +158,59 @@ def test_allowed_media_path(tmp_path):
     cfg["planning"]["transcode"]["enabled"] = True
     with pytest.raises(pl.MediaPathError, match="filesystem root"):
         pl.allowed_media_path(cfg)
+
+
+# ------------------------------------------------------------------ media the server cannot read
+
+def test_codec_names_are_canonical():
+    assert pl.canonical_codec("libdav1d") == "av1"
+    assert pl.canonical_codec("LIBVPX-VP9") == "vp9"
+    assert pl.canonical_codec("h264") == "h264"
+    assert pl.canonical_codec(None) is None
+
+
+def test_server_media_problem_follows_the_measured_codec_table():
+    codecs = ["h264", "hevc", "vp9", "av1", "libdav1d", "mpeg4", None, "h264"]
+    problem = pl.server_media_problem(codecs, [10.0] * 7 + [1.0], [30.0] * 7 + [1.0])
+    assert problem[:3].tolist() == [None, None, None]
+    assert problem[3].startswith("the server cannot decode av1: OpenCV has no software AV1 decoder")
+    assert problem[4] == problem[3]  # the decoder's name means the same codec
+    assert problem[5] == "codec mpeg4 is not among those measured to decode on the server (h264, hevc, vp9)"
+    assert problem[6] is None  # an unknown codec is not judged
+    # A one-frame file (1 s at 1 fps): the server's sampler needs a frame pair.
+    assert problem[7] == f"1 frame(s) in the file; the server's sampler needs at least {tk.MIN_FILE_FRAMES}"
+    # Unknown fps or duration: the frame count is unknown, nothing to judge.
+    assert pl.server_media_problem(None, [0.0, 1.0], [30.0, float("nan")]).tolist() == [None, None]
+
+
+def test_media_the_server_cannot_read_is_planned_for_a_transcode_whatever_the_config():
+    cfg = make_config()
+    assert cfg["planning"]["transcode"]["enabled"] is False
+    p = pl.plan_posts(cfg, [10.0, 10.0, 60.0, 10.0, 0.5], [30.0] * 5, [1280] * 5, [720] * 5, [300] * 5,
+                      video_codec=["av1", "h264", "av1", "vp9", "h264"])
+    assert p.action.tolist() == ["replan", "as-is", "replan", "as-is", "as-is"]
+    assert p.plan[0].startswith("transcode to h264: the server cannot decode av1")
+    # Tokens: the transcode keeps the model's own sampling, so the estimate is the as-is one.
+    as_is = pl.plan_posts(cfg, [10.0], [30.0], [1280], [720], [300])
+    assert p.visual_tokens[0] == as_is.visual_tokens[0] and p.fps[0] == 2.0
+    # Over the context and undecodable: the re-plan says both.
+    assert p.plan[2].startswith("replan: ") and "; h264 because the server cannot decode av1" in p.plan[2]
+    # Too long whatever is done: stays excluded, with the limits as its reason.
+    cfg["planning"]["over_limit"] = "exclude"
+    p = pl.plan_posts(cfg, [60.0], [30.0], [1280], [720], [300], video_codec=["av1"])
+    assert p.action.tolist() == ["too_long"] and "exceed the limits" in p.plan[0]
+
+
+def test_short_clips_get_enough_frames_from_the_transcode():
+    cfg = make_config()
+    # 0.5 s and 0.2 s at 2 fps would be 1 and 0 frames; 60 s keeps its 2 fps; 0.034 s (one frame at
+    # 30 fps) needs a rate far above the source's.
+    d = np.array([0.5, 0.2, 60.0, 0.034])
+    fps, w, h = pl.transcode_target(cfg, [2.0] * 4, [602112] * 4, [640.0] * 4, [360.0] * 4, [30.0] * 4, d)
+    frames = fps * d
+    assert (frames >= tk.MIN_FILE_FRAMES + 0.5 - 1e-9).all()
+    assert fps[2] == 2.0 and fps[0] == pytest.approx(5.0)
+    assert fps[3] > 30.0
+    # Without a duration the rate is the plan's (capped at the source's).
+    fps, _, _ = pl.transcode_target(cfg, [2.0], [602112], [640.0], [360.0], [1.0])
+    assert fps.tolist() == [1.0]

@@ -94,7 +94,7 @@ def test_bad_template_field_and_bad_server_args_are_named(tmp_path):
 
 def test_api_servers_and_media_threads_follow_the_cpus_of_each_copy(tmp_path):
     cfg = vconfig.validate({"posts": "p.csv", "media_root": str(tmp_path), "results": str(tmp_path / "r")})
-    assert [api_server_count(cfg, n) for n in (2, 4, 8, 16, 32, 64)] == [1, 1, 2, 4, 8, 8]
+    assert [api_server_count(cfg, n) for n in (2, 4, 8, 16, 32, 64)] == [1, 2, 4, 8, 8, 8]
     cfg["classify"]["api_server_count"] = 2
     assert api_server_count(cfg, 64) == 2
     cfg["classify"]["api_server_count"] = None
@@ -104,7 +104,8 @@ def test_api_servers_and_media_threads_follow_the_cpus_of_each_copy(tmp_path):
     # One server per GPU, each with its GPU, its log, and a quarter of the job's 32 CPUs.
     assert [c.gpus for c in copies] == [("4",), ("5",), ("6",), ("7",)]
     assert [c.log_path.name for c in copies] == [f"server-3.copy-{i}.log" for i in range(4)]
-    assert {(c.cpus, c.api_servers, c.tensor, c.data) for c in copies} == {(8, 2, 1, 1)}
+    assert {(c.cpus, c.api_servers, c.tensor, c.data) for c in copies} == {(8, 4, 1, 1)}
+    assert {c.media_threads for c in copies} == {2}
     cfg["classify"]["data_parallel_backend"] = "vllm"
     (one,) = server_copies(cfg, four, tmp_path / "server-3.log", env)
     assert (one.gpus, one.tensor, one.data, one.cpus, one.api_servers) == (("4", "5", "6", "7"), 1, 4, 32, 8)
@@ -278,8 +279,8 @@ def test_media_decoding_threads_follow_the_cpus_slurm_granted():
     assert granted_cpus({"SLURM_CPUS_ON_NODE": "16", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}) == 16
     copy = _copy(tensor=4, cpus=32, api_servers=8, gpus=("0", "1", "2", "3"))
     env = server_environment("k", copy, {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"})
-    # (32 CPUs - 2 for the client and the engine) / 8 API servers, each with its own decoding pool.
-    assert env["VLLM_API_KEY"] == "k" and env["VLLM_MEDIA_LOADING_THREAD_COUNT"] == "3"
+    # 32 CPUs / 8 API servers, each with its own decoding pool.
+    assert env["VLLM_API_KEY"] == "k" and env["VLLM_MEDIA_LOADING_THREAD_COUNT"] == "4"
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
     mine = server_environment("k", copy, {"VLLM_MEDIA_LOADING_THREAD_COUNT": "2"})
     assert mine["VLLM_MEDIA_LOADING_THREAD_COUNT"] == "2"  # the user's own setting wins

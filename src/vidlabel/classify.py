@@ -2,11 +2,23 @@
 every result, and write ``labels/shard-{i}.parquet`` once every request has a terminal record.
 
 Resume: the journal (``journal/shard-{i}.jsonl``) holds one record per finished request. A rerun skips
-requests whose record is terminal: ``ok``, or an error that a retry would not change. A transient
+requests whose record is terminal (``ok``, or an error that a retry would not change) *and* was made
+under the same request fingerprint (``vidlabel.client.request_fingerprint``: the prompt, the media
+file's size and mtime, the model, schema, generation settings and the server command); a record made
+under other settings stays in the journal (append-only) but is never reused, and the job logs how
+many it passed over and why. Once the job's servers are up, a record from another server (vLLM
+version or model folder, ``vidlabel.endpoints``) is not reused either. Every journal of the results
+directory is read, not only the shard's own, so re-dealing posts to shards (``classify.shards``)
+sends nothing twice; a record found in another shard's journal is copied into this one. A transient
 error (timeout, 503, 5xx, connection) that used up its attempts is recorded but tried again by the
 next run, with a fresh attempt budget; once its attempts over all runs reach
 ``RERUN_ATTEMPT_FACTOR * max_attempts`` the record becomes terminal, so a request that always fails
 ends as a clear record instead of failing the job forever.
+
+The first request goes alone, as the media check: a server that cannot see the job's media (another
+mount, another ``--allowed-local-media-path``) stops the job there, naming the probable cause, with
+nothing journaled. During the run, a row of MEDIA_FAILURE_RUN distinct videos failing with the same
+media error and no answer in between stops it the same way; those records are not journaled.
 
 The job fails (raises) when no server is left (every own server copy exited, or every endpoint failed
 its health checks: ``vidlabel.endpoints``; while one is left, traffic moves to it), on SIGTERM/SIGINT
@@ -22,6 +34,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import time
 from dataclasses import dataclass
@@ -32,18 +45,23 @@ import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vidlabel.client import ClassifyClient, ClientSettings, Stopped, run
+from vidlabel import settings as stage_settings
+from vidlabel.client import ClassifyClient, ClientSettings, Stopped, request_fingerprint, run
 from vidlabel.endpoints import NoLiveEndpoint
 from vidlabel.error_kinds import FatalClientError
 from vidlabel.io import write_parquet
-from vidlabel.journal import Journal, JournalLocked
+from vidlabel.journal import Journal, JournalLocked, iter_records
 from vidlabel.parallelism import choose_layout
-from vidlabel.server import ServerBusy, ServerError, ServerGroup, log_tail, server_copies, smoke_request
+from vidlabel.server import (ServerBusy, ServerError, ServerGroup, answer_settings, log_tail, server_copies,
+                             smoke_request)
 
 log = logging.getLogger(__name__)
 
 RERUN_ATTEMPT_FACTOR = 2
 SMOKE_TRIES = 5  # an external endpoint's smoke request is asked again this often after a 5xx
+# This many distinct videos in a row failing with the same media error, no answer in between: the
+# server's media access is broken, not the videos (see the module docstring).
+MEDIA_FAILURE_RUN = 12
 
 MANIFEST_COLUMNS = ["request_id", "post_id", "media_path", "prompt", "est_prompt_tokens"]
 
@@ -53,7 +71,10 @@ LABEL_SCHEMA = pa.schema([
     ("http_status", pa.int64()), ("attempts", pa.int64()), ("latency_s", pa.float64()),
     ("started_at", pa.float64()), ("finished_at", pa.float64()), ("finish_reason", pa.string()),
     ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()), ("est_prompt_tokens", pa.int64()),
-    ("raw_text", pa.string()), ("answers", pa.string()),
+    ("raw_text", pa.string()), ("answers", pa.string()), ("answer_probs", pa.string()),
+    # Provenance (docs/outputs.md): what made the answer.
+    ("model", pa.string()), ("server", pa.string()), ("settings_fingerprint", pa.string()),
+    ("prompt_hash", pa.string()), ("request_fingerprint", pa.string()), ("sends", pa.int64()),
 ])
 
 
@@ -71,6 +92,26 @@ class JobInterrupted(ClassifyError):
 
 class ShardIncomplete(ClassifyError):
     """Some requests ended with transient errors this run; a rerun retries them."""
+
+
+class MediaUnreachable(ClassifyError):
+    """The server cannot read the job's media (mount, allowed path or codec): stop, journal nothing."""
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What every record of this job is made under (docs/outputs.md, labels)."""
+    model: str
+    settings_fingerprint: str
+    prompt_hash: str
+    server_settings: dict
+
+    @classmethod
+    def from_config(cls, config: dict) -> "Provenance":
+        c = config["classify"]
+        return cls(model=c["model"], settings_fingerprint=stage_settings.fingerprint(config, "classify"),
+                   prompt_hash=stage_settings.digest([c["prompt_template"], c["questions"]]),
+                   server_settings=answer_settings(config))
 
 
 def is_terminal(record: dict | None) -> bool:
@@ -98,9 +139,9 @@ def labels_table(records: list[dict[str, Any]], shard: int) -> pa.Table:
         for name in cols:
             if name == "shard":
                 cols[name].append(shard)
-            elif name == "answers":
-                ans = rec.get("answers")
-                cols[name].append(json.dumps(ans, sort_keys=True) if ans is not None else None)
+            elif name in ("answers", "answer_probs"):
+                value = rec.get(name)
+                cols[name].append(json.dumps(value, sort_keys=True) if value is not None else None)
             else:
                 cols[name].append(rec.get(name))
     return pa.table(cols, schema=LABEL_SCHEMA)
@@ -168,30 +209,78 @@ def run_shard(config: dict, shard_path: str | Path, output_path: str | Path, jou
         if logging.getLogger(noisy).level == logging.NOTSET:
             logging.getLogger(noisy).setLevel(logging.WARNING)
     rows = read_shard(shard_path)
+    provenance = Provenance.from_config(config)
+    client_settings = ClientSettings.from_config(config)
+    for row in rows:
+        row["fingerprint"] = request_fingerprint(client_settings, provenance.server_settings, row)
     try:
         journal = Journal(journal_path, key="request_id", fsync=c["journal_fsync"]).__enter__()
     except JournalLocked as exc:
         raise ShardLocked(f"shard {shard}: {exc}") from None
     try:
-        prior = journal.read()
-        pending = [r for r in rows if not is_terminal(prior.get(r["request_id"]))]
-        log.info("shard %d: %d requests, %d already terminal in %s, %d to send", shard, len(rows),
-                 len(rows) - len(pending), journal_path, len(pending))
+        prior, reused = resume_state(rows, journal)
+        pending = [r for r in rows if r["request_id"] not in reused]
+        log.info("shard %d: %d requests, %d answered before under the same settings, %d to send", shard,
+                 len(rows), len(reused), len(pending))
         if pending:
-            run(_classify(config, pending, journal, prior, server_log_path, shard, len(rows)))
-        final = journal.read()
+            run(_classify(config, provenance, rows, pending, reused, journal, prior, server_log_path, shard))
+        final = matching_records([journal.path], rows)
     finally:
         journal.close()
-    unfinished = [r["request_id"] for r in rows if not is_terminal(final.get(r["request_id"]))]
+    unfinished = [r for r in rows if not is_terminal(final.get(r["request_id"]))]
     if unfinished:
         kinds: dict[str, int] = {}
-        for rid in unfinished:
-            kind = (final.get(rid) or {}).get("error_kind") or "not sent"
+        for row in unfinished:
+            kind = (final.get(row["request_id"]) or {}).get("error_kind") or "not sent"
             kinds[kind] = kinds.get(kind, 0) + 1
         raise ShardIncomplete(f"shard {shard}: {len(unfinished)} requests still need a retry ({kinds}); "
                               f"rerun the job to retry them (finished ones are kept in {journal_path})")
     write_parquet(labels_table([final[r["request_id"]] for r in rows], shard), output_path)
     log.info("shard %d: wrote %s (%d rows)", shard, output_path, len(rows))
+
+
+def matching_records(paths: list[Path], rows: list[dict]) -> dict[str, dict]:
+    """The latest record of each row made under the row's fingerprint, from ``paths`` in order (a
+    later file only fills in rows an earlier one lacks)."""
+    wanted = {r["request_id"]: r["fingerprint"] for r in rows}
+    found: dict[str, dict] = {}
+    for path in paths:
+        here: dict[str, dict] = {}
+        for rec in iter_records(path, "request_id", wanted):
+            rid = rec.get("request_id")
+            if rid in wanted and rid not in found and rec.get("request_fingerprint") == wanted[rid]:
+                here[rid] = rec
+        found.update(here)
+    return found
+
+
+def resume_state(rows: list[dict], journal: Journal) -> tuple[dict[str, dict], dict[str, dict]]:
+    """(prior, reused): this journal's latest record per request under the request's fingerprint, and
+    the terminal ones among them plus those of every other journal beside it (posts move between
+    shards when ``classify.shards`` changes; such records are copied into this journal). Logs how many
+    journaled answers were passed over, and why."""
+    prior = matching_records([journal.path], rows)
+    others = sorted(p for p in journal.path.parent.glob("*.jsonl") if p != journal.path)
+    todo = [r for r in rows if not is_terminal(prior.get(r["request_id"]))]
+    elsewhere = {rid: rec for rid, rec in matching_records(others, todo).items() if is_terminal(rec)}
+    for rec in elsewhere.values():
+        journal.append(dict(rec, copied_from_shard_journal=True))
+    if elsewhere:
+        log.info("copied %d answer(s) from other shards' journals (their posts were in other shards before)",
+                 len(elsewhere))
+    reused = {rid: rec for rid, rec in prior.items() if is_terminal(rec)} | elsewhere
+    missing = {r["request_id"] for r in rows} - set(reused)
+    passed_over: dict[str, int] = {}
+    for rec in iter_records(journal.path):
+        rid = rec.get("request_id")
+        if rid in missing and is_terminal(rec):
+            missing.discard(rid)
+            why = ("made before records had fingerprints" if "request_fingerprint" not in rec
+                   else "made under other settings, prompt, media or server")
+            passed_over[why] = passed_over.get(why, 0) + 1
+    for why, n in passed_over.items():
+        log.info("passed over the journaled answers of %d request(s), %s: they are sent again", n, why)
+    return prior, reused
 
 
 async def _external_endpoints(config: dict) -> tuple[list[tuple[str, str]], dict[int, str]]:
@@ -221,8 +310,8 @@ async def _external_endpoints(config: dict) -> tuple[list[tuple[str, str]], dict
     return endpoints, down
 
 
-async def _classify(config: dict, pending: list[dict], journal: Journal, prior: dict, server_log_path,
-                    shard: int, total: int) -> None:
+async def _classify(config: dict, provenance: Provenance, rows: list[dict], pending: list[dict],
+                    reused: dict[str, dict], journal: Journal, prior: dict, server_log_path, shard: int) -> None:
     c = config["classify"]
     settings = ClientSettings.from_config(config)
     stop_sending = asyncio.Event()  # no new requests (SIGTERM, watchdog, fatal error)
@@ -277,17 +366,19 @@ async def _classify(config: dict, pending: list[dict], journal: Journal, prior: 
             ready.result()  # raises ServerError
             endpoints = server.endpoints
 
-        progress = _Progress(total, total - len(pending), shard, c["progress_interval_s"])
-        async with ClassifyClient(endpoints, settings, stop_event=abort, on_failure=on_server_failure) as client:
+        async with ClassifyClient(endpoints, settings, stop_event=abort, on_failure=on_server_failure,
+                                  owned=server is not None) as client:
             for index, reason in down.items():
                 client.endpoints.mark_down(index, reason)
+            pending = pending + other_servers(rows, reused, pending, client, shard)
+            progress = _Progress(len(rows), len(rows) - len(pending), shard, c["progress_interval_s"])
             if server is not None:
                 # A copy whose process exits is down for good; its traffic moves to the others.
                 watchdog = asyncio.create_task(server.watchdog(
                     lambda index, message: client.endpoints.mark_down(index, message, final=True)))
             progress.in_flight = lambda: client.deadlines.in_flight
-            await _stream(client, pending, journal, prior, settings, progress, stop_sending, abort,
-                          why, c["shutdown_grace_s"])
+            await _stream(client, pending, journal, prior, settings, provenance, progress, stop_sending,
+                          abort, why, c["shutdown_grace_s"])
         log.info(progress.line())
     finally:
         if watchdog is not None:
@@ -301,6 +392,8 @@ async def _classify(config: dict, pending: list[dict], journal: Journal, prior: 
     reason = why.get("reason")
     if reason == "server":
         raise ServerError(f"shard {shard}: {why['message']}")
+    if reason == "media":
+        raise MediaUnreachable(f"shard {shard}: {why['message']}")
     if reason == "fatal":
         raise FatalClientError(f"shard {shard}: {why['message']}")
     if reason:
@@ -308,38 +401,128 @@ async def _classify(config: dict, pending: list[dict], journal: Journal, prior: 
                              f"this run and are journaled; rerun to continue")
 
 
-async def _stream(client: ClassifyClient, pending: list[dict], journal: Journal, prior: dict,
-                  settings: ClientSettings, progress: _Progress, stop_sending: asyncio.Event,
-                  abort: asyncio.Event, why: dict, grace_s: float) -> None:
-    rows = iter(pending)
-    rerun_limit = RERUN_ATTEMPT_FACTOR * settings.max_attempts
+def other_servers(rows: list[dict], reused: dict[str, dict], pending: list[dict], client: ClassifyClient,
+                  shard: int) -> list[dict]:
+    """Reused requests answered by a server other than the ones now up (another vLLM version or model
+    folder): sent again, so that the shard's answers come from one server."""
+    identities = {ep.identity for ep in client.endpoints.all}
+    pending_ids = {r["request_id"] for r in pending}
+    again = [r for r in rows if r["request_id"] in reused and r["request_id"] not in pending_ids
+             and reused[r["request_id"]].get("server") not in identities]
+    if again:
+        log.info("shard %d: %d journaled answer(s) came from another server than %s: sent again", shard,
+                 len(again), " / ".join(sorted(filter(None, identities))) or "this one")
+    return again
 
-    def finish(rec: dict) -> None:
+
+def _media_failure_key(rec: dict) -> str | None:
+    """What a run of the same media error has in common, or None when ``rec`` is no media error."""
+    if rec["status"] == "ok" or rec["error_kind"] not in ("bad_media", "media_unreachable"):
+        return None
+    return f"{rec['http_status']} " + re.sub(r"(/\S+|\d+)", "_", rec.get("error") or "")[:200]
+
+
+def probable_media_cause(rec: dict) -> str:
+    message = rec.get("error") or ""
+    if "subpath" in message:
+        return ("the server may not read where the videos are: its --allowed-local-media-path differs from the "
+                "job's media_root (or the transcoded media directory)")
+    if "No such file" in message or "Errno 2" in message:
+        return ("the server does not see the videos at the job's paths: mount the media at the same path on the "
+                "server's node (or set media_root to where the server sees it)")
+    return "the server cannot decode these videos (a codec or container it does not support; see docs/planning.md)"
+
+
+class MediaErrorRun:
+    """Holds media-error records back until an answer shows the server can read media; MEDIA_FAILURE_RUN
+    distinct videos in a row with the same error and no answer in between mean it cannot."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.held: dict[str, list[dict]] = {}
+
+    def add(self, rec: dict) -> tuple[list[dict], dict | None]:
+        """(records to journal now, the record that completes a run, else None)."""
+        key = _media_failure_key(rec)
+        if key is None:
+            # An answer shows the server reads media: the errors held were the videos' own.
+            return (self.flush() if rec["status"] == "ok" else []) + [rec], None
+        group = self.held.setdefault(key, [])
+        group.append(rec)
+        return [], rec if len({r["post_id"] for r in group}) >= self.limit else None
+
+    def flush(self) -> list[dict]:
+        out = [r for group in self.held.values() for r in group]
+        self.held.clear()
+        return out
+
+
+async def _stream(client: ClassifyClient, pending: list[dict], journal: Journal, prior: dict,
+                  settings: ClientSettings, provenance: Provenance, progress: _Progress,
+                  stop_sending: asyncio.Event, abort: asyncio.Event, why: dict, grace_s: float) -> None:
+    rerun_limit = RERUN_ATTEMPT_FACTOR * settings.max_attempts
+    media_run = MediaErrorRun(MEDIA_FAILURE_RUN)
+
+    def stop_for_media(rec: dict, first: bool) -> None:
+        where = "the first request (the media check)" if first else \
+            f"{MEDIA_FAILURE_RUN} videos in a row, with no answer in between"
+        why.setdefault("reason", "media")
+        why.setdefault("message", f"{where} failed with: {rec['error']} — probable cause: "
+                                  f"{probable_media_cause(rec)}. Nothing was journaled for them; fix it and rerun.")
+        stop_sending.set()
+        abort.set()
+
+    def journal_records(records: list[dict]) -> None:
+        for rec in records:
+            journal.append(rec)
+            progress.finished(rec)
+
+    def finish(rec: dict, row: dict, first: bool = False) -> None:
         before = prior.get(rec["request_id"])
         if before:
             rec["attempts"] += int(before.get("attempts") or 0)
-        if rec["retryable"] and rec["attempts"] >= rerun_limit:
+            rec["sends"] += int(before.get("sends") or 0)
+        if rec["retryable"] and rec["attempts"] >= rerun_limit and rec["error_kind"] != "media_unreachable":
             rec["retryable"] = False
             rec["error"] = f"{rec['error']}; {rec['attempts']} attempts over several runs, giving up"
-        journal.append(rec)
-        progress.finished(rec)
+        rec.update(model=provenance.model, settings_fingerprint=provenance.settings_fingerprint,
+                   prompt_hash=provenance.prompt_hash, request_fingerprint=row["fingerprint"])
+        if first and rec["error_kind"] == "media_unreachable":
+            stop_for_media(rec, first=True)
+            return
+        ready, completes_run = media_run.add(rec)
+        if completes_run is not None:
+            stop_for_media(completes_run, first=False)
+            media_run.held.clear()  # journal nothing terminal for them: the rerun sends them again
+            return
+        journal_records(ready)
+
+    async def one(row: dict, first: bool = False) -> bool:
+        try:
+            rec = await client.classify(row)
+        except (Stopped, NoLiveEndpoint):  # the reason is in `why` already
+            return False
+        except FatalClientError as exc:
+            why.setdefault("reason", "fatal")
+            why.setdefault("message", str(exc))
+            stop_sending.set()
+            abort.set()
+            return False
+        finish(rec, row, first)
+        return True
+
+    # The media check: one real video alone, before the shard's traffic.
+    rows = iter(pending)
+    first = next(rows)
+    if not await one(first, first=True) or stop_sending.is_set():
+        journal_records(media_run.flush() if why.get("reason") != "media" else [])
+        return
 
     async def worker() -> None:
         while not stop_sending.is_set():
             row = next(rows, None)
-            if row is None:
+            if row is None or not await one(row):
                 return
-            try:
-                rec = await client.classify(row)
-            except (Stopped, NoLiveEndpoint):  # the reason is in `why` already
-                return
-            except FatalClientError as exc:
-                why.setdefault("reason", "fatal")
-                why.setdefault("message", str(exc))
-                stop_sending.set()
-                abort.set()
-                return
-            finish(rec)
 
     async def report() -> None:
         while True:
@@ -347,11 +530,11 @@ async def _stream(client: ClassifyClient, pending: list[dict], journal: Journal,
             log.info(progress.line())
 
     n_workers = max(settings.concurrency, settings.adaptive_ceiling if settings.adaptive else 0)
-    workers = [asyncio.create_task(worker()) for _ in range(min(n_workers, len(pending)))]
+    workers = [asyncio.create_task(worker()) for _ in range(min(n_workers, len(pending) - 1))]
     reporter = asyncio.create_task(report())
     # asyncio.wait, not gather: a gather future whose workers get cancelled holds a CancelledError
     # that nobody retrieves, and asyncio prints it as a traceback when the server dies mid-shard.
-    all_done = asyncio.create_task(asyncio.wait(workers))
+    all_done = asyncio.create_task(asyncio.wait(workers)) if workers else asyncio.create_task(asyncio.sleep(0))
     stopper = asyncio.create_task(stop_sending.wait())
     try:
         await asyncio.wait({all_done, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -369,6 +552,9 @@ async def _stream(client: ClassifyClient, pending: list[dict], journal: Journal,
         for task in (stopper, reporter, all_done, *workers):
             task.cancel()
         await asyncio.gather(stopper, reporter, all_done, *workers, return_exceptions=True)
+        if why.get("reason") != "media":
+            journal_records(media_run.flush())  # fewer than a run: the videos' own errors
     for w in workers:  # a worker's own failure (a bug) must not pass silently
         if not w.cancelled() and w.exception() is not None:
             raise w.exception()
+

@@ -10,6 +10,15 @@ A request's life (``ClassifyClient.classify``):
 4. a transient error is retried after a back-off, up to ``classify.max_attempts``; a truncated answer
    gets one retry at TRUNCATION_TOKEN_FACTOR x ``max_tokens``, then a terminal ``truncated`` record.
 
+``attempts`` counts the attempts charged to the request; ``sends`` every HTTP request made for it.
+Not charged: the immediate resend after a scattered 503, the truncation retry, and attempts cut for
+the server's sake (the stall detector, an endpoint going down, a refused connection), so a server
+fault never turns requests into terminal ``timeout`` records. Every send carries its own
+``X-Request-Id`` (request id + send number): vLLM refuses an id that is still running, and a retry
+can race the abort of the attempt before it. A 5xx that comes back with the same body on every
+charged attempt while the server answers other requests is the request's own (a 1-frame video's
+"division by zero"): its record is terminal, since no rerun could ever finish it.
+
 HTTP goes through aiohttp's public client: measured at ~0.4 ms of client CPU per request, against
 ~2 ms for openai's public ``client.post`` and ~3.6 ms for httpx (benchmarks/client_overhead.py needs
 1,000 req/s on two cores).
@@ -19,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,15 +37,22 @@ from typing import Any, Callable, Coroutine, TypeVar
 import aiohttp
 
 from vidlabel.concurrency import adapt
+from vidlabel.confidence import answer_probabilities, logprobs_request
 from vidlabel.deadline import Deadlines, Expired
 from vidlabel.endpoints import Endpoint, Endpoints, NoLiveEndpoint, describe
-from vidlabel.error_kinds import classify_error, fatal_error, response_message, retry_after_s
+from vidlabel.error_kinds import (classify_error, fatal_error, response_message, retry_after_s,
+                                  server_cannot_see_media)
 from vidlabel.limit import InFlightLimit, backoff_s
+from vidlabel.planning import allowed_media_path
 from vidlabel.prompt import parse_answers, response_format
+from vidlabel.settings import digest
 
 T = TypeVar("T")
 
 TRUNCATION_TOKEN_FACTOR = 2  # the one retry of a truncated answer gets this many times max_tokens
+# Attempts the server's own faults may take from a request before they are charged to it after all
+# (a bound, so that a request which really does break the connection cannot loop for ever).
+FREE_SENDS_FACTOR = 4
 CONNECT_TIMEOUT_S = 10.0
 # Below uvicorn's 5 s keep-alive (vLLM's server), so that an idle connection is never reused just as
 # the server closes it.
@@ -55,6 +72,7 @@ class ClientSettings:
     concurrency: int = 16
     max_tokens: int = 512
     temperature: float = 0.0
+    top_logprobs: int = 20
     request_timeout_s: float = 900.0
     adaptive_deadline: bool = True
     deadline_floor_s: float = 60.0
@@ -62,6 +80,7 @@ class ClientSettings:
     backoff_initial_s: float = 1.0
     backoff_max_s: float = 60.0
     health_interval_s: float = 10.0
+    media_root: str | None = None  # the one directory the server may read (planning.allowed_media_path)
     adaptive: bool = False
     adaptive_floor: int = 4
     adaptive_ceiling: int = 64
@@ -72,12 +91,36 @@ class ClientSettings:
         c = config["classify"]
         ad = c["adaptive_concurrency"]
         return cls(model=c["model"], questions=c["questions"], concurrency=c["concurrency"],
-                   max_tokens=c["max_tokens"], temperature=c["temperature"],
+                   max_tokens=c["max_tokens"], temperature=c["temperature"], top_logprobs=c["top_logprobs"],
                    request_timeout_s=c["request_timeout_s"], adaptive_deadline=c["adaptive_deadline"],
                    deadline_floor_s=c["deadline_floor_s"], max_attempts=c["max_attempts"],
                    backoff_initial_s=c["backoff_initial_s"], backoff_max_s=c["backoff_max_s"],
-                   health_interval_s=c["health_interval_s"], adaptive=ad["enabled"],
+                   health_interval_s=c["health_interval_s"], media_root=allowed_media_path(config),
+                   adaptive=ad["enabled"],
                    adaptive_floor=ad["floor"], adaptive_ceiling=ad["ceiling"])
+
+
+    def request_settings(self) -> dict[str, Any]:
+        """Every body field besides the messages and max_tokens: what decides the answer with them."""
+        return {"model": self.model, "response_format": response_format(self.questions),
+                "temperature": self.temperature, **logprobs_request(self.top_logprobs)}
+
+
+def media_identity(path: str) -> dict[str, Any]:
+    """What identifies a media file's content cheaply: its path, size and modification time."""
+    try:
+        st = Path(path).stat()
+    except OSError as exc:
+        return {"path": path, "error": type(exc).__name__}
+    return {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def request_fingerprint(settings: "ClientSettings", server: dict[str, Any], row: dict) -> str:
+    """Everything that decides a request's answer, hashed: the request as sent (prompt, media, model,
+    schema, generation settings, max_tokens), the media file's identity and the server's settings.
+    A journal record is reused only under the same fingerprint (docs/outputs.md)."""
+    return digest({"request": settings.request_settings(), "max_tokens": settings.max_tokens,
+                   "prompt": row["prompt"], "media": media_identity(row["media_path"]), "server": server})
 
 
 @dataclass
@@ -90,6 +133,8 @@ class _Outcome:
     message: str | None = None
     retry_after: float | None = None
     overload: bool = False  # a refusal that shows the server full (limit.py)
+    charged: bool = True  # the request's own failure (not the server's: see the module docstring)
+    endpoint: Endpoint | None = None
 
 
 class ClassifyClient:
@@ -100,7 +145,8 @@ class ClassifyClient:
     """
 
     def __init__(self, endpoints: list[tuple[str, str]], settings: ClientSettings,
-                 stop_event: asyncio.Event | None = None, on_failure: Callable[[str], None] | None = None):
+                 stop_event: asyncio.Event | None = None, on_failure: Callable[[str], None] | None = None,
+                 owned: bool = False):
         s = self.settings = settings
         self.stop_event = stop_event or asyncio.Event()
         self.on_failure = on_failure
@@ -109,20 +155,21 @@ class ClassifyClient:
         start = max(s.adaptive_floor, min(s.concurrency, s.adaptive_ceiling)) if s.adaptive else s.concurrency
         self.limit = InFlightLimit(start)
         self.deadlines = Deadlines(s.request_timeout_s, s.deadline_floor_s, s.adaptive_deadline)
-        self.endpoints = Endpoints(endpoints, s.health_interval_s, self._endpoint_down, self._all_down)
+        self.endpoints = Endpoints(endpoints, s.health_interval_s, self._endpoint_down, self._all_down, owned)
         self.limit_history: list[tuple[float, int]] = []
         self._connections = max(s.concurrency, s.adaptive_ceiling if s.adaptive else 0) + 8
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task] = []
         # The parts of the body that are the same for every request, encoded once.
-        self._body_head = _dumps({"model": s.model, "response_format": response_format(s.questions),
-                                  "temperature": s.temperature})[:-1]
+        self._body_head = _dumps(s.request_settings())[:-1]
+        self.answered = 0  # 200 answers so far: evidence that the server works while a request fails
 
     async def __aenter__(self) -> "ClassifyClient":
         connector = aiohttp.TCPConnector(limit=self._connections, keepalive_timeout=KEEPALIVE_S)
         # No total timeout: the deadline is ours, so that it can follow the shard's pace.
         self._session = aiohttp.ClientSession(
             connector=connector, timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S))
+        await self.endpoints.identify(self._session)
         self._tasks = [asyncio.create_task(self.endpoints.watch()), asyncio.create_task(self.deadlines.watch())]
         s = self.settings
         if s.adaptive:
@@ -139,7 +186,8 @@ class ClassifyClient:
 
     # ---- endpoint health ---------------------------------------------------------------------
     def _endpoint_down(self, ep: Endpoint) -> None:
-        self.deadlines.expire(lambda a: a.endpoint is ep, "connection", f"{ep.base_url} went down: {ep.reason}")
+        self.deadlines.expire(lambda a: a.endpoint is ep, "connection", f"{ep.base_url} went down: {ep.reason}",
+                              charged=False)
 
     def _all_down(self, reason: str) -> None:
         self.failure = NoLiveEndpoint(reason)
@@ -160,14 +208,20 @@ class ClassifyClient:
         ]}]
         return f'{self._body_head},"max_tokens":{int(max_tokens)},"messages":{_dumps(messages)}}}'.encode()
 
-    async def _attempt(self, row: dict, max_tokens: int, tokens: int) -> _Outcome:
+    def _readable_here(self, path: str) -> bool:
+        """The file exists where the job runs, inside the directory the server is meant to read."""
+        root = self.settings.media_root
+        inside = root is None or os.path.commonpath([root, os.path.realpath(path)]) == root
+        return inside and os.path.isfile(path)
+
+    async def _attempt(self, row: dict, max_tokens: int, tokens: int, send: int) -> _Outcome:
         n = await self.limit.send()
         try:
             ep = self.endpoints.pick()
         except NoLiveEndpoint:
             self.limit.returned(n)
             raise
-        headers = {**ep.headers, "X-Request-Id": row["request_id"]}
+        headers = {**ep.headers, "X-Request-Id": f"{row['request_id']}-{send}"}
         ep.outstanding += 1
         ep.sent += 1
         t0 = time.monotonic()
@@ -176,10 +230,11 @@ class ClassifyClient:
                 async with self._session.post(ep.chat_url, data=self._body(row, max_tokens), headers=headers) as resp:
                     status, data = resp.status, await resp.read()
         except Expired as exc:
-            return _Outcome(kind=exc.kind, transient=True, message=str(exc))
+            return _Outcome(kind=exc.kind, transient=True, message=str(exc), charged=exc.charged, endpoint=ep)
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             self.endpoints.unreachable(ep, describe(exc))
-            return _Outcome(kind="connection", transient=True, message=f"{ep.base_url}: {describe(exc)}")
+            return _Outcome(kind="connection", transient=True, message=f"{ep.base_url}: {describe(exc)}",
+                            charged=False, endpoint=ep)
         except aiohttp.ClientError as exc:  # reset, closed mid-answer, truncated body
             return _Outcome(kind="connection", transient=True, message=f"{ep.base_url}: {describe(exc)}")
         finally:
@@ -190,11 +245,17 @@ class ClassifyClient:
             fatal = fatal_error(ep.base_url, status, message)
             if fatal is not None:
                 raise fatal
-            kind, transient = classify_error(status, message)
+            kind, transient = classify_error(status, message, row["media_path"])
+            if kind == "bad_media" and server_cannot_see_media(message) and self._readable_here(row["media_path"]):
+                # The file is here, the server does not see it: the server's mount or its
+                # --allowed-local-media-path, never the video's fault (classify.py stops the job).
+                kind, transient = "media_unreachable", True
             overload = kind == "server_overloaded" and self.limit.refused(n)
             return _Outcome(kind=kind, transient=transient, http_status=status, message=message,
-                            retry_after=retry_after_s(resp.headers), overload=overload)
+                            retry_after=retry_after_s(resp.headers), overload=overload,
+                            charged=kind != "media_unreachable", endpoint=ep)
         self.limit.answered(n)
+        self.answered += 1
         self.deadlines.answered(time.monotonic() - t0, tokens)
         try:
             completion = json.loads(data)
@@ -202,8 +263,8 @@ class ClassifyClient:
                 raise TypeError("choices[0].message is not an object")
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             return _Outcome(kind="invalid_output", http_status=status, message=f"unreadable response body "
-                            f"({type(exc).__name__}: {exc}): {data[:200].decode(errors='replace')}")
-        return _Outcome(completion=completion)
+                            f"({type(exc).__name__}: {exc}): {data[:200].decode(errors='replace')}", endpoint=ep)
+        return _Outcome(completion=completion, endpoint=ep)
 
     # ---- one request -------------------------------------------------------------------------
     async def classify(self, row: dict) -> dict:
@@ -219,32 +280,43 @@ class ClassifyClient:
         s = self.settings
         rec: dict[str, Any] = {
             "request_id": row["request_id"], "post_id": row["post_id"], "status": "error",
-            "error_kind": None, "error": None, "http_status": None, "attempts": 0, "latency_s": None,
-            "started_at": None, "finished_at": None, "finish_reason": None, "prompt_tokens": None,
-            "completion_tokens": None, "est_prompt_tokens": row.get("est_prompt_tokens"),
-            "raw_text": None, "answers": None, "retryable": False,
+            "error_kind": None, "error": None, "http_status": None, "attempts": 0, "sends": 0,
+            "latency_s": None, "started_at": None, "finished_at": None, "finish_reason": None,
+            "prompt_tokens": None, "completion_tokens": None, "est_prompt_tokens": row.get("est_prompt_tokens"),
+            "raw_text": None, "answers": None, "answer_probs": None, "answer_probs_missing": None,
+            "retryable": False, "server": None,
         }
         max_tokens = s.max_tokens
         tokens = int(row.get("est_prompt_tokens") or 0) + s.max_tokens
-        transient_attempts = 0
+        charged = free = 0
         last_kind = None
+        same_failure: list[tuple[int | None, str | None, int]] = []  # (status, body, answers seen before)
         while True:
             self._check_stop()
             t0 = time.time()
             if rec["started_at"] is None:
                 rec["started_at"] = t0
-            rec["attempts"] += 1
-            outcome = await self._attempt(row, max_tokens, tokens)
+            rec["sends"] += 1
+            answered_before = self.answered
+            outcome = await self._attempt(row, max_tokens, tokens, rec["sends"])
             rec["finished_at"] = time.time()
             rec["latency_s"] = rec["finished_at"] - t0
+            if outcome.endpoint is not None:
+                rec["server"] = outcome.endpoint.identity
             if outcome.completion is not None:
+                rec["attempts"] = charged + 1
                 if fill_from_answer(rec, outcome.completion, s.questions) or max_tokens > s.max_tokens:
                     return rec
-                max_tokens = s.max_tokens * TRUNCATION_TOKEN_FACTOR
+                max_tokens = s.max_tokens * TRUNCATION_TOKEN_FACTOR  # a free retry with more room
                 continue
             rec.update(error_kind=outcome.kind, error=outcome.message, http_status=outcome.http_status,
-                       raw_text=None, answers=None, finish_reason=None)
+                       raw_text=None, answers=None, answer_probs=None, answer_probs_missing=None,
+                       finish_reason=None)
             if not outcome.transient:
+                rec["attempts"] = charged + 1
+                return rec
+            if outcome.kind == "media_unreachable":  # the job decides (classify.py): not retried here
+                rec["retryable"] = True
                 return rec
             self._check_stop()  # the server is going away: this error says nothing about the request
             # A scattered 503 (no load shown, no Retry-After) is sent again at once, the first time in
@@ -254,12 +326,21 @@ class ClassifyClient:
             last_kind = outcome.kind
             if scattered:
                 continue
-            transient_attempts += 1
-            if transient_attempts >= s.max_attempts:
+            if outcome.charged or free >= FREE_SENDS_FACTOR * s.max_attempts:
+                charged += 1
+            else:
+                free += 1
+            rec["attempts"] = charged
+            same = _same_failure_run(same_failure, outcome, answered_before)
+            if charged >= s.max_attempts:
+                if same == charged and self.answered > same_failure[0][2]:
+                    rec["error"] = (f"{outcome.message} (the same answer on all {charged} attempts while the "
+                                    "server answered other requests: this request's own failure)")
+                    return rec
                 rec["retryable"] = True
-                rec["error"] = f"{outcome.message} (gave up after {transient_attempts} attempts)"
+                rec["error"] = f"{outcome.message} (gave up after {charged} attempts)"
                 return rec
-            await self._sleep_or_stop(backoff_s(transient_attempts, s.backoff_initial_s, s.backoff_max_s,
+            await self._sleep_or_stop(backoff_s(max(1, charged), s.backoff_initial_s, s.backoff_max_s,
                                                 outcome.retry_after))
 
     async def _sleep_or_stop(self, delay: float) -> None:
@@ -270,6 +351,18 @@ class ClassifyClient:
         except asyncio.TimeoutError:
             return
         self._check_stop()
+
+
+def _same_failure_run(history: list, outcome: _Outcome, answered_before: int) -> int:
+    """Track the run of identical 5xx answers (status and body) of one request; its length."""
+    if not outcome.charged or outcome.kind != "server_error" or (outcome.http_status or 0) < 500:
+        history.clear()
+        return 0
+    key = (outcome.http_status, outcome.message)
+    if history and history[-1][:2] != key:
+        history.clear()
+    history.append((*key, answered_before))
+    return len(history)
 
 
 def fill_from_answer(rec: dict, completion: dict, questions: list[dict[str, Any]]) -> bool:
@@ -288,7 +381,11 @@ def fill_from_answer(rec: dict, completion: dict, questions: list[dict[str, Any]
     except ValueError as exc:
         rec.update(status="error", error_kind="invalid_output", error=str(exc), answers=None)
         return True
-    rec.update(status="ok", error_kind=None, error=None)
+    # How sure the model was of each answer (vidlabel.confidence); a question without usable
+    # log-probabilities is left out and says why.
+    probs, missing = answer_probabilities((choice.get("logprobs") or {}).get("content"), questions)
+    rec.update(status="ok", error_kind=None, error=None, answer_probs=probs or None,
+               answer_probs_missing=missing or None)
     return True
 
 

@@ -18,6 +18,27 @@ class ConfigError(ValueError):
     """A configuration value is missing or invalid; the message names the key."""
 
 
+# Keys that were renamed: the old dotted key -> what to write instead (an old config then gets this
+# rather than "Additional properties are not allowed").
+RENAMED_KEYS = {
+    "classify.tensor_parallel_size": ("classify.parallelism: {tensor: N, data: 1} for N GPUs per server "
+                                      "copy, or auto (the default) to fit the model to the job's GPUs"),
+}
+
+
+def renamed_keys(config: dict[str, Any]) -> list[str]:
+    """One message per renamed key present in ``config``."""
+    found = []
+    for old, instead in RENAMED_KEYS.items():
+        *parents, leaf = old.split(".")
+        node: Any = config
+        for parent in parents:
+            node = node.get(parent) if isinstance(node, dict) else None
+        if isinstance(node, dict) and leaf in node:
+            found.append(f"config key '{old}' was renamed; write {instead}")
+    return found
+
+
 def _extend_with_defaults(validator_class):
     """A validator that fills in schema defaults before checking (objects recursively)."""
     validate_properties = validator_class.VALIDATORS["properties"]
@@ -96,6 +117,9 @@ def validate(config: dict[str, Any], schema_path: str | Path | None = None) -> d
     """Fill defaults into ``config`` (in place) and validate it; raise ConfigError naming each bad key."""
     if not isinstance(config, dict):
         raise ConfigError("config must be a mapping of keys to values")
+    renamed = renamed_keys(config)
+    if renamed:
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(renamed))
     schema = load_schema(schema_path)
     coerce_strings(config, schema)
     validator = _DefaultFillingValidator(schema)

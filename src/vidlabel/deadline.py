@@ -18,7 +18,8 @@ that is cancelled and retried: when the whole shard stops moving, the smallest r
 applies to all of them.
 
 ``classify.adaptive_deadline: false`` leaves only ``request_timeout_s`` (no estimate, no stall detector).
-A cancelled attempt counts as an attempt; vLLM aborts the request when its connection closes.
+An attempt cut by its own deadline is charged to the request; one cut by the stall detector is not
+(the whole shard stopped, not this request). vLLM aborts the request when its connection closes.
 """
 
 from __future__ import annotations
@@ -39,11 +40,13 @@ CHECK_S = 0.5
 
 
 class Expired(Exception):
-    """An attempt was cut: its deadline passed, the shard stalled, or its endpoint went down."""
+    """An attempt was cut: its deadline passed, the shard stalled, or its endpoint went down.
+    ``charged``: the request's own deadline passed (a stall or a lost endpoint is the server's)."""
 
-    def __init__(self, kind: str, message: str):
+    def __init__(self, kind: str, message: str, charged: bool = True):
         super().__init__(message)
         self.kind = kind
+        self.charged = charged
 
 
 class ServiceTime:
@@ -83,9 +86,9 @@ class _Attempt:
         self.handle = asyncio.get_running_loop().call_later(
             ceiling, self.expire, "timeout", f"no answer within {ceiling:g} s (classify.request_timeout_s)")
 
-    def expire(self, kind: str, message: str) -> None:
+    def expire(self, kind: str, message: str, charged: bool = True) -> None:
         if self.expiry is None:
-            self.expiry = Expired(kind, message)
+            self.expiry = Expired(kind, message, charged)
             self.task.cancel()
 
     def __enter__(self) -> "_Attempt":
@@ -147,11 +150,11 @@ class Deadlines:
             expected = max(expected, (ahead + 1) / rate)
         return min(self.ceiling_s, max(self.floor_s, FACTOR * expected))
 
-    def expire(self, which: Callable[[_Attempt], bool], kind: str, message: str) -> int:
+    def expire(self, which: Callable[[_Attempt], bool], kind: str, message: str, charged: bool = True) -> int:
         """Cut the attempts in flight that ``which`` selects; how many."""
         chosen = [a for a in self._running if which(a)]
         for a in chosen:
-            a.expire(kind, message)
+            a.expire(kind, message, charged)
         return len(chosen)
 
     def check(self) -> None:
@@ -169,7 +172,8 @@ class Deadlines:
         quiet = now - self.last_answer
         if quiet > stall_after:
             n = self.expire(lambda a: a.endpoint.healthy and now - a.started > stall_after, "timeout",
-                            f"stalled: nothing answered for {quiet:.0f} s while the server was healthy")
+                            f"stalled: nothing answered for {quiet:.0f} s while the server was healthy",
+                            charged=False)
             if n:
                 log.warning("stalled: nothing answered for %.0f s with %d requests in flight and healthy "
                             "endpoints; cancelling the %d in flight for over %.0f s to retry them",

@@ -13,6 +13,13 @@ One mechanism for the job's own servers (one per model copy) and for external ``
 
 A dead endpoint is thus noticed within about 2 x SUSPECT_PROBE_S of the first refused connection.
 Requests go to the healthy endpoint with the fewest outstanding requests.
+
+The job's own servers (``owned``) are judged by their process (the watchdog) and by refused
+connections, not by a slow probe: vLLM's ``/health`` runs on the API server's event loop and can take
+tens of seconds under heavy preprocessing. For them a probe that times out means busy.
+
+``identify()`` reads each endpoint's identity once (``/version`` and ``/v1/models``: the vLLM version
+and the model folder it serves); every record names the server that answered it.
 """
 
 from __future__ import annotations
@@ -48,12 +55,16 @@ def describe(exc: BaseException) -> str:
 
 
 class Endpoint:
-    def __init__(self, index: int, base_url: str, api_key: str):
+    def __init__(self, index: int, base_url: str, api_key: str, owned: bool = False):
         self.index = index
+        self.owned = owned
+        self.identity: str | None = None
         self.base_url = base_url.rstrip("/")
         root = self.base_url[: -len("/v1")] if self.base_url.endswith("/v1") else self.base_url
         self.chat_url = URL(self.base_url + "/chat/completions")
         self.metrics_url = root + "/metrics"
+        self.version_url = root + "/version"
+        self.models_url = self.base_url + "/models"
         self.probe_url = root + "/health"
         self.headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
         self.outstanding = 0
@@ -73,10 +84,10 @@ class Endpoints:
     """The endpoints of one client; ``watch()`` probes them until cancelled."""
 
     def __init__(self, endpoints: list[tuple[str, str]], interval_s: float,
-                 on_down: Callable[[Endpoint], None], on_all_down: Callable[[str], None]):
+                 on_down: Callable[[Endpoint], None], on_all_down: Callable[[str], None], owned: bool = False):
         if not endpoints:
             raise ValueError("at least one endpoint is needed")
-        self.all = [Endpoint(i, url, key) for i, (url, key) in enumerate(endpoints)]
+        self.all = [Endpoint(i, url, key, owned) for i, (url, key) in enumerate(endpoints)]
         self.interval_s = interval_s
         self.on_down = on_down
         self.on_all_down = on_all_down
@@ -132,6 +143,10 @@ class Endpoints:
                 status = resp.status
             detail = f"HTTP {status}"
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            if ep.owned and isinstance(exc, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
+                # Busy, not dead: its process is watched, and a refused connection still counts.
+                ep.next_probe = time.monotonic() + self.interval_s
+                return
             status, detail = None, describe(exc)
         if ep.final:
             return
@@ -158,6 +173,10 @@ class Endpoints:
             ep.state = SUSPECT
             ep.next_probe = time.monotonic() + min(SUSPECT_PROBE_S, self.interval_s)
 
+    async def identify(self, session: aiohttp.ClientSession) -> None:
+        """Set every endpoint's ``identity``: "vLLM <version>, model <folder> as <name>"."""
+        await asyncio.gather(*(_identify(session, ep) for ep in self.all))
+
     async def watch(self) -> None:
         timeout = aiohttp.ClientTimeout(total=max(1.0, min(PROBE_TIMEOUT_S, self.interval_s)))
         async with aiohttp.ClientSession(timeout=timeout) as session:
@@ -172,3 +191,23 @@ class Endpoints:
                     return
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), max(0.01, min(waits) - time.monotonic()))
+
+
+async def _get_json(session: aiohttp.ClientSession, url: str, headers: dict) -> dict | None:
+    try:
+        async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=60)) as resp:
+            if resp.status != 200:
+                return None
+            data = await resp.json(content_type=None)
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+async def _identify(session: aiohttp.ClientSession, ep: Endpoint) -> None:
+    version = (await _get_json(session, ep.version_url, ep.headers) or {}).get("version")
+    models = (await _get_json(session, ep.models_url, ep.headers) or {}).get("data") or []
+    model = models[0] if models and isinstance(models[0], dict) else {}
+    name, root = model.get("id"), model.get("root")
+    served = f"{root} as {name}" if root and name and root != name else (root or name or "unknown")
+    ep.identity = f"vLLM {version or 'unknown version'}, model {served}"

@@ -4,6 +4,11 @@ Errors are classified by HTTP status *and* message, because vLLM answers some pe
 with a 5xx: a missing media file is a 500 "[Errno 2] No such file or directory", an MP4 cut after
 its header a 500 "Expected there to be 1 prompt placeholders corresponding to 1 video items, but
 instead found 0 ...". A refused API key is neither: every request would hit it, so the job stops.
+
+The order matters. 408, 429, 503 and 504 say "not now" whatever their text (a 429 "too many tokens
+per minute" is a rate limit, not a long prompt; a 503 "Failed to open ..." an overloaded proxy).
+A message that names a file is about the request's media only when the file it names is that
+media: "[Errno 2] ... /dev/shm/..." is the server's own trouble, retried like any 5xx.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ import re
 # Kinds that will not change on a retry: recorded once, terminal.
 PERMANENT_KINDS = frozenset({"too_long", "encoder_cache", "bad_media", "invalid_output", "truncated"})
 # Kinds that may succeed later: retried here, and by a later run once this run's attempts are spent.
-TRANSIENT_KINDS = frozenset({"timeout", "server_overloaded", "server_error", "connection"})
+# ``media_unreachable``: the server cannot see a file that exists where the job runs (another mount,
+# another --allowed-local-media-path); never terminal, and a run of them stops the job.
+TRANSIENT_KINDS = frozenset({"timeout", "server_overloaded", "server_error", "connection", "media_unreachable"})
 ERROR_KINDS = PERMANENT_KINDS | TRANSIENT_KINDS
 
 MAX_RETRY_AFTER_S = 600.0  # a longer Retry-After is treated as this
@@ -26,29 +33,55 @@ _BAD_MEDIA = re.compile(
     r"|prompt (?:placeholders|updates) corresponding to \d+ (?:video|image) items?",
     re.IGNORECASE)
 _TOO_LONG = re.compile(r"maximum context length|exceeds model's maximum context|input length .* exceeds"
-                       r"|prompt is too long|too many (?:input )?tokens", re.IGNORECASE)
+                       r"|prompt is too long|too many (?:input )?tokens|longer than the maximum model length",
+                       re.IGNORECASE)
 _ENCODER_CACHE = re.compile(r"encoder cache", re.IGNORECASE)
+# The server looked for the file and did not find it, or may not read where it is.
+_CANNOT_SEE = re.compile(r"no such file or directory|errno 2\b|must be a subpath of", re.IGNORECASE)
+
+
+def server_cannot_see_media(message: str) -> bool:
+    """The message says the server could not find or may not read the file (not that it is broken)."""
+    return bool(_CANNOT_SEE.search(message or ""))
 
 
 class FatalClientError(RuntimeError):
     """An error that every request would hit (bad API key, unknown model): stop the job, not the request."""
 
 
-def classify_error(http_status: int | None, message: str) -> tuple[str, bool]:
-    """(error_kind, transient) from the HTTP status and the error message together."""
+# Paths a message names: quoted, or after "file"/"path"/"open" (vLLM's and Python's wording).
+_NAMED_PATH = re.compile(r"""['"`](/[^'"`]+)['"`]|(?:file|path|open)\s+(/\S+)""", re.IGNORECASE)
+# Statuses that mean "not now", whatever the body says.
+_OVERLOADED = frozenset({429, 503})
+_TIMED_OUT = frozenset({408, 504})
+
+
+def names_other_file(message: str, media_path: str | None) -> bool:
+    """True when ``message`` names a file path and none of the paths it names is ``media_path``."""
+    if not media_path:
+        return False
+    named = [a or b for a, b in _NAMED_PATH.findall(message)]
+    named = [p.rstrip(".,;:)") for p in named]
+    return bool(named) and not any(p == media_path or p.endswith(media_path) or media_path.endswith(p)
+                                   for p in named)
+
+
+def classify_error(http_status: int | None, message: str, media_path: str | None = None) -> tuple[str, bool]:
+    """(error_kind, transient) from the HTTP status and the error message together; ``media_path`` is
+    the file the request sent (a message naming another file is not about this request's media)."""
     msg = message or ""
+    if http_status in _OVERLOADED:
+        return "server_overloaded", True
+    if http_status in _TIMED_OUT:
+        return "timeout", True
     if _ENCODER_CACHE.search(msg):
         return "encoder_cache", False
     if _TOO_LONG.search(msg) and (http_status is None or http_status < 500):
         return "too_long", False
-    if _BAD_MEDIA.search(msg):
+    if _BAD_MEDIA.search(msg) and not names_other_file(msg, media_path):
         return "bad_media", False
     if http_status is None:
         return "connection", True
-    if http_status in (503, 429):
-        return "server_overloaded", True
-    if http_status in (408, 504):
-        return "timeout", True
     if http_status >= 500:
         return "server_error", True
     return "server_error", False  # another 4xx: the request itself is refused; retrying will not help
@@ -63,6 +96,10 @@ def fatal_error(url: str, http_status: int, message: str) -> FatalClientError | 
             "check it and classify.endpoints, then rerun.")
     if http_status == 404 and "model" in message.lower():
         return FatalClientError(f"{url} answered HTTP 404: {message} (check classify.model)")
+    if http_status == 400 and "logprobs" in message.lower():
+        return FatalClientError(f"{url} refused the log-probabilities every request asks for (HTTP 400: "
+                                f"{message}): lower classify.top_logprobs to what the server allows "
+                                "(its --max-logprobs), or set it to 0")
     return None
 
 

@@ -1,6 +1,8 @@
-"""Pilot and ETA: classify a cost-stratified sample, fit throughput on tokens, project the whole run.
+"""Pilot and ETA: classify a cost-stratified sample, measure the server's steady throughput, project the run.
 
-A pilot of ``planning.pilot_size`` requests is drawn from the manifest, stratified by estimated
+A pilot of ``planning.pilot_size`` requests (it should hold ``REQUESTS_PER_SLOT`` per request
+slot, i.e. per request the job keeps in flight: ``classify.concurrency`` x server copies; a smaller
+one is warned about in the log and the summary) is drawn from the manifest, stratified by estimated
 prompt tokens (equal-count strata of ``est_prompt_tokens``, a proportional random draw in each, so
 the heavy tail is represented), written as a shard file in the manifest format and classified by
 ``vidlabel.classify.run_shard`` exactly as a shard job would (same server, same concurrency).
@@ -9,23 +11,39 @@ The fit, from the pilot's label records (status ok):
 
 * calibration ``r = sum(prompt_tokens) / sum(est_prompt_tokens)``: the server's real token count
   against the manifest's estimate;
-* relative cost per request by least squares ``latency = a * prompt_tokens + b * completion_tokens + c``
-  (non-negative; a term is dropped when its coefficient comes out negative or its column is constant);
-* the server's throughput ``rate`` in cost units per second of wall time, measured on the steady
-  part of the pilot (between the 10th and 90th percentile of completion times, which leaves out the
-  ramp-up and the drain of the last requests).
+* relative cost per request by non-negative least squares
+  ``latency = a * prompt_tokens + b * completion_tokens + c`` over the requests sent after the first
+  answer (the first wave's latencies also hold the pipeline's filling); a term is dropped when its
+  coefficient comes out negative or its column is constant. Under a saturated server latency is
+  mostly waiting, so the fit may put all weight on ``c``: then every request costs the same and
+  throughput follows the number of requests, not their tokens (``Fit.model`` says which model came
+  out; the summary describes that one);
+* the steady window: from the first answer (before it the pipeline is still filling: videos are
+  decoded while nothing has reached the GPU) to the last moment the client had its peak number of
+  requests in flight (after it the job drains). The server's ``rate`` is the cost done per second in
+  that window: each request's fitted cost spread evenly over the span of that length before its
+  answer (never before it was sent: a request of the first wave waited for the pipeline before its
+  work began), counted where it falls inside the window. ``steady`` is False when the window is
+  shorter than ``STEADY_LATENCIES`` median latencies (too few requests per slot): the rate is then
+  taken over the whole request phase and the summary says so;
+* ``ramp_drain_s``: the pilot's request phase minus its cost at the steady rate, i.e. the time a job
+  loses filling its pipeline at the start and draining it at the end (once per job).
 
 Projection: every request's cost is ``a * r * est_prompt_tokens + b * mean_completion + c``; a shard
-job takes ``startup + sum(cost) / rate`` seconds (startup as measured in the pilot: job start to the
-first request); shard jobs run ``planning.concurrent_jobs`` at a time (list scheduling in shard
-order). GPU-hours = sum of shard job hours x ``cost.gpus_per_job``; cost = GPU-hours x
-``cost.gpu_hour_usd``. ``results/estimate.json`` holds the numbers, ``estimate.md`` a readable summary.
+job takes ``startup + ramp_drain + sum(cost) / rate`` seconds (startup as measured in the pilot: job
+start to the first request); shard jobs run ``planning.concurrent_jobs`` at a time (list scheduling
+in shard order). GPU-hours = sum of shard job hours x the GPUs the pilot job was granted (the
+estimate job asks for the classify job's resources; ``cost.gpus_per_job`` only where no GPU is
+visible); cost = GPU-hours x ``cost.gpu_hour_usd``. ``results/estimate.json`` holds the numbers,
+``estimate.md`` a readable summary.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,10 +53,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vidlabel.io import write_parquet, write_text
+from vidlabel.parallelism import choose_layout, granted_gpus
+
+log = logging.getLogger(__name__)
 
 STRATA = 10
-STEADY_QUANTILES = (0.10, 0.90)
-MIN_STEADY_REQUESTS = 20
+# Pilot requests per request slot: with fewer, most of the pilot is ramp-up and drain (a 48-request
+# pilot at 32 in flight measured 9.5k prompt tok/s against 12.9k sustained on the same server).
+REQUESTS_PER_SLOT = 4
+# The steady window must last this many median latencies (about as many waves of requests).
+STEADY_LATENCIES = 2.0
+MIN_FIT_REQUESTS = 10  # fewest requests sent after the first answer to fit the cost model on them alone
+MIN_HELD_S = 1e-3  # an in-flight level held for less is the instant between an answer and its replacement
 
 
 def stratified_sample(est_tokens, n: int, strata: int = STRATA, seed: int = 0) -> np.ndarray:
@@ -70,8 +96,12 @@ class Fit:
     mean_completion_tokens: float
     rate: float  # cost units (latency seconds) completed per wall second: effective concurrency
     steady_window_s: float
+    steady: bool  # the window lasted STEADY_LATENCIES median latencies (else: whole request phase)
+    peak_in_flight: int
     prompt_tokens_per_s: float
     completion_tokens_per_s: float
+    requests_per_s: float
+    ramp_drain_s: float  # request phase minus its cost at the steady rate: lost once per job
     wall_s: float
     startup_s: float
 
@@ -79,6 +109,18 @@ class Fit:
         p = np.asarray(est_prompt_tokens, dtype=np.float64) * self.calibration
         return self.a_per_prompt_token * p + self.b_per_completion_token * self.mean_completion_tokens \
             + self.c_per_request
+
+    @property
+    def model(self) -> str:
+        """Which terms the fit kept, in words."""
+        terms = []
+        if self.a_per_prompt_token > 0:
+            terms.append("prompt tokens")
+        if self.b_per_completion_token > 0:
+            terms.append("completion tokens")
+        if self.c_per_request > 0:
+            terms.append("a fixed cost per request")
+        return " + ".join(terms) or "nothing (all coefficients zero)"
 
 
 def _nonneg_lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -89,12 +131,42 @@ def _nonneg_lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
             cols.remove(j)
     while cols:
         coef, *_ = np.linalg.lstsq(X[:, cols], y, rcond=None)
+        # A term worth less than a millionth of the mean latency is rounding noise, not a cost.
+        coef[np.abs(coef * X[:, cols].mean(axis=0)) < 1e-6 * abs(y.mean())] = 0.0
         if (coef >= 0).all():
             out = np.zeros(X.shape[1])
             out[cols] = coef
             return out
         cols.pop(int(np.argmin(coef)))
     return np.zeros(X.shape[1])
+
+
+def in_flight_steps(start, finish) -> tuple[np.ndarray, np.ndarray]:
+    """Times of every start and finish (sorted) and the requests in flight just after each."""
+    times = np.concatenate([start, finish])
+    steps = np.concatenate([np.ones(len(start)), -np.ones(len(finish))])
+    order = np.lexsort((steps, times))  # at equal times a finish (-1) before a start (+1)
+    return times[order], np.cumsum(steps[order])
+
+
+def steady_window(start, finish) -> tuple[float, float, int]:
+    """(begin, end, peak in flight): from the first answer (before it the pipeline is still filling)
+    to the last moment the peak number of requests was in flight (a one-request dip, the moment
+    between an answer and its replacement, still counts as the peak)."""
+    times, level = in_flight_steps(start, finish)
+    held = np.diff(times, append=times[-1]) >= MIN_HELD_S  # a level that lasted (not a same-instant swap)
+    peak = int(level[held].max()) if held.any() else int(level.max())
+    full = times[held & (level >= max(1, peak - 1))]
+    begin = float(finish.min())
+    return begin, float(full.max() if len(full) else begin), peak
+
+
+def window_share(work_start, finish, begin: float, end: float) -> np.ndarray:
+    """Share of each request's work (from ``work_start`` to its answer) inside [begin, end]."""
+    inside = np.clip(np.minimum(finish, end) - np.maximum(work_start, begin), 0.0, None)
+    span = finish - work_start
+    answered_inside = ((finish > begin) & (finish <= end)).astype(np.float64)
+    return np.where(span > 0, inside / np.where(span > 0, span, 1.0), answered_inside)
 
 
 def fit(records: pa.Table | list[dict], job_started_at: float | None = None) -> Fit:
@@ -111,29 +183,61 @@ def fit(records: pa.Table | list[dict], job_started_at: float | None = None) -> 
     lat = np.array([r["latency_s"] for r in ok], dtype=np.float64)
     start = np.array([r["started_at"] for r in ok], dtype=np.float64)
     finish = np.array([r["finished_at"] for r in ok], dtype=np.float64)
-    coef = _nonneg_lstsq(np.column_stack([p, c, np.ones_like(p)]), lat)
+    # The cost model is fitted on the requests sent once the pipeline was full: the first wave's
+    # latencies also hold the pipeline's filling, which no later request pays.
+    settled = start >= finish.min()
+    rows_fit = settled if settled.sum() >= MIN_FIT_REQUESTS else np.ones(len(ok), bool)
+    coef = _nonneg_lstsq(np.column_stack([p, c, np.ones_like(p)])[rows_fit], lat[rows_fit])
     if not coef.any():
         coef = np.array([lat.sum() / p.sum(), 0.0, 0.0])
     cost = coef[0] * p + coef[1] * c + coef[2]
 
-    order = np.argsort(finish, kind="stable")
-    f_sorted, cum = finish[order], np.cumsum(cost[order])
-    lo, hi = (int(q * (len(ok) - 1)) for q in STEADY_QUANTILES)
-    window = f_sorted[hi] - f_sorted[lo]
-    if len(ok) >= MIN_STEADY_REQUESTS and window > 0:
-        rate = (cum[hi] - cum[lo]) / window
-        sel = order[lo + 1: hi + 1]
-    else:  # a small pilot: the whole span
-        window = finish.max() - start.min()
-        rate = cost.sum() / window
-        sel = order
-    wall = float(finish.max() - start.min())
+    # In flight counts every request the client sent, failed ones included: they held a slot too.
+    timed = [r for r in rows if r.get("started_at") is not None and r.get("finished_at") is not None]
+    all_start = np.array([r["started_at"] for r in timed], dtype=np.float64)
+    all_finish = np.array([r["finished_at"] for r in timed], dtype=np.float64)
+    begin, end, peak = steady_window(all_start, all_finish)
+    phase_begin, phase_end = float(start.min()), float(finish.max())
+    steady = end - begin >= STEADY_LATENCIES * float(np.median(lat))
+    if not steady:  # too few requests per slot: the whole request phase, ramp-up and drain included
+        begin, end = phase_begin, phase_end
+    window = max(end - begin, 1e-9)
+    # Work in the window: each request's fitted cost, spread evenly over the time before its answer
+    # that the cost spans (never before it was sent), counted where that time falls in the window.
+    # A request of the first wave waited for the pipeline to fill before its work began: its work is
+    # the end of its time in flight, not all of it.
+    share = window_share(np.maximum(start, finish - cost), finish, begin, end)
+    rate = float((cost * share).sum() / window)
+    wall = phase_end - phase_begin
     startup = float(start.min() - job_started_at) if job_started_at else 0.0
     return Fit(requests=len(ok), calibration=float(p.sum() / est.sum()), a_per_prompt_token=float(coef[0]),
                b_per_completion_token=float(coef[1]), c_per_request=float(coef[2]),
-               mean_completion_tokens=float(c.mean()), rate=float(rate), steady_window_s=float(window),
-               prompt_tokens_per_s=float(p[sel].sum() / window), completion_tokens_per_s=float(c[sel].sum() / window),
-               wall_s=wall, startup_s=max(0.0, startup))
+               mean_completion_tokens=float(c.mean()), rate=rate, steady_window_s=float(window), steady=bool(steady),
+               peak_in_flight=peak, prompt_tokens_per_s=float((p * share).sum() / window),
+               completion_tokens_per_s=float((c * share).sum() / window),
+               requests_per_s=float(share.sum() / window),
+               ramp_drain_s=max(0.0, float(wall - cost.sum() / rate)) if rate > 0 else 0.0,
+               wall_s=float(wall), startup_s=max(0.0, startup))
+
+
+def request_slots(config: dict, largest_request_tokens: int) -> int:
+    """Requests a shard job keeps in flight: ``classify.concurrency`` per server copy (the copies the
+    job's layout gives, as ``classify.run_shard`` chooses it) or per external endpoint."""
+    c = config["classify"]
+    if c["endpoints"]:
+        return c["concurrency"] * len(c["endpoints"])
+    return c["concurrency"] * choose_layout(config, largest_request_tokens).data
+
+
+def pilot_too_small(config: dict, slots: int) -> str | None:
+    """Why ``planning.pilot_size`` is too small for a steady window with ``slots`` requests in
+    flight (fewer than ``REQUESTS_PER_SLOT`` per slot), or None."""
+    wanted = REQUESTS_PER_SLOT * max(1, slots)
+    if config["planning"]["pilot_size"] >= wanted:
+        return None
+    return (f"planning.pilot_size {config['planning']['pilot_size']} is below {REQUESTS_PER_SLOT} requests per "
+            f"request slot ({slots} in flight): set it to at least {wanted}, or most of the pilot is ramp-up "
+            "and drain")
 
 
 def list_schedule(durations, slots: int) -> float:
@@ -145,12 +249,23 @@ def list_schedule(durations, slots: int) -> float:
     return max(free) if len(free) else 0.0
 
 
-def project(config: dict, f: Fit, shard_est_tokens: list[np.ndarray]) -> dict:
-    """Projected wall time, GPU-hours and cost of classifying every shard."""
-    jobs = [f.startup_s + float(f.cost(t).sum()) / f.rate if len(t) else 0.0 for t in shard_est_tokens]
+def job_gpus(config: dict, environ=os.environ) -> tuple[int, str]:
+    """GPUs a shard job holds: those this (estimate) job was granted, which asks for the classify
+    job's resources; ``cost.gpus_per_job`` where no GPU is visible (external endpoints, no GPU here)."""
+    ids, source = granted_gpus(environ)
+    if ids:
+        return len(ids), f"granted to the pilot job ({source})"
+    return int(config["cost"]["gpus_per_job"]), f"cost.gpus_per_job ({source})"
+
+
+def project(config: dict, f: Fit, shard_est_tokens: list[np.ndarray], gpus: int | None = None) -> dict:
+    """Projected wall time, GPU-hours and cost of classifying every shard (``gpus`` per job; default
+    ``cost.gpus_per_job``)."""
+    jobs = [f.startup_s + f.ramp_drain_s + float(f.cost(t).sum()) / f.rate if len(t) else 0.0
+            for t in shard_est_tokens]
     slots = config["planning"]["concurrent_jobs"]
     wall = list_schedule(jobs, slots)
-    gpus = config["cost"]["gpus_per_job"]
+    gpus = int(config["cost"]["gpus_per_job"] if gpus is None else gpus)
     gpu_hours = sum(jobs) * gpus / 3600
     n = int(sum(len(t) for t in shard_est_tokens))
     return {
@@ -158,6 +273,7 @@ def project(config: dict, f: Fit, shard_est_tokens: list[np.ndarray]) -> dict:
         "shards": len(jobs),
         "est_prompt_tokens": int(sum(float(np.sum(t)) for t in shard_est_tokens)),
         "concurrent_jobs": slots,
+        "gpus_per_job": gpus,
         "shard_hours": {"min": min(jobs) / 3600, "mean": float(np.mean(jobs)) / 3600, "max": max(jobs) / 3600},
         "wall_hours": wall / 3600,
         "gpu_hours": gpu_hours,
@@ -170,8 +286,32 @@ def _fmt_h(hours: float) -> str:
     return f"{hours:.2f} h" if hours < 48 else f"{hours / 24:.1f} days ({hours:.0f} h)"
 
 
-def summary_md(config: dict, f: Fit, proj: dict, pilot_n: int) -> str:
+def _model_text(f: Fit) -> str:
+    """The fitted cost model in words: what a request's cost follows, and so what throughput follows."""
+    if f.a_per_prompt_token > 0 or f.b_per_completion_token > 0:
+        parts = [f"{f.a_per_prompt_token:.3g} s x prompt tokens"] if f.a_per_prompt_token > 0 else []
+        if f.b_per_completion_token > 0:
+            parts.append(f"{f.b_per_completion_token:.3g} s x completion tokens")
+        if f.c_per_request > 0:
+            parts.append(f"{f.c_per_request:.3g} s")
+        follows = ("tokens" if f.c_per_request == 0 else "both tokens and the number of requests")
+        return (f"latency = {' + '.join(parts)}: a request costs in proportion to its tokens"
+                + ("" if f.c_per_request == 0 else " plus a fixed part")
+                + f", so throughput follows {follows}; the manifest's token estimates, scaled by the "
+                  "calibration factor, stand for the real counts of requests outside the pilot.")
+    return (f"latency = {f.c_per_request:.3g} s per request, whatever its tokens (the fit gave tokens no "
+            "weight: under a saturated server a request's latency is mostly waiting), so throughput "
+            "follows the number of requests, not their tokens.")
+
+
+def summary_md(config: dict, f: Fit, proj: dict, pilot_n: int, gpus_source: str = "cost.gpus_per_job",
+               warning: str | None = None) -> str:
     c = config["cost"]
+    window = (f"the steady part of the pilot ({f.steady_window_s:.0f} s, from the first answer to the last moment "
+              f"{f.peak_in_flight} requests were in flight)" if f.steady else
+              f"the whole request phase ({f.steady_window_s:.0f} s, ramp-up and drain included: the pilot was too "
+              f"short for a steady window of {STEADY_LATENCIES:g} latencies; raise planning.pilot_size above "
+              f"{REQUESTS_PER_SLOT} x {f.peak_in_flight} requests in flight)")
     return f"""# vidlabel: estimated run time and cost
 
 Projection for **{proj['requests']:,} requests** in {proj['shards']} shards
@@ -180,26 +320,28 @@ Projection for **{proj['requests']:,} requests** in {proj['shards']} shards
 | | |
 |---|---|
 | wall time | **{_fmt_h(proj['wall_hours'])}** |
-| shard job time (min / mean / max) | {proj['shard_hours']['min']:.2f} / {proj['shard_hours']['mean']:.2f} / {proj['shard_hours']['max']:.2f} h |
-| GPU-hours | {proj['gpu_hours']:,.1f} ({c['gpus_per_job']} GPUs per job) |
+| shard job time (min / mean / max) | {proj['shard_hours']['min']:.2f} / {proj['shard_hours']['mean']:.2f} \
+/ {proj['shard_hours']['max']:.2f} h |
+| GPU-hours | {proj['gpu_hours']:,.1f} ({proj['gpus_per_job']} GPUs per job: {gpus_source}) |
 | cost | **${proj['cost_usd']:,.0f}** at ${c['gpu_hour_usd']}/GPU-hour |
 | naive per-item projection (for comparison) | {_fmt_h(proj['naive_wall_hours_per_item_mean'])} |
 
 ## Pilot
-{pilot_n} requests sampled at random within {STRATA} strata of estimated prompt tokens; {f.requests} succeeded.
-Server throughput on the steady part of the pilot ({f.steady_window_s:.0f} s): {f.prompt_tokens_per_s:,.0f} prompt
-tokens/s and {f.completion_tokens_per_s:,.1f} completion tokens/s; effective concurrency {f.rate:.2f}.
-Per-request cost model: latency = {f.a_per_prompt_token:.3g} s x prompt tokens + {f.b_per_completion_token:.3g} s x
-completion tokens + {f.c_per_request:.3g} s. Real prompt tokens / estimate = {f.calibration:.3f}. Mean completion
-tokens {f.mean_completion_tokens:.1f}. Server start-up (job start to first request) {f.startup_s:.0f} s.
+{pilot_n} requests sampled at random within {STRATA} strata of estimated prompt tokens; {f.requests} succeeded.{
+    chr(10) + "**" + warning + ".**" if warning else ""}
+Server throughput over {window}: {f.prompt_tokens_per_s:,.0f} prompt tokens/s, {f.completion_tokens_per_s:,.1f}
+completion tokens/s, {f.requests_per_s:.2f} requests/s; effective concurrency {f.rate:.2f}.
+Fitted cost model ({f.model}): {_model_text(f)}
+Real prompt tokens / estimate = {f.calibration:.3f}. Mean completion tokens {f.mean_completion_tokens:.1f}.
+Per job: server start-up (job start to first request) {f.startup_s:.0f} s, ramp-up and drain (request phase
+minus its work at the steady rate) {f.ramp_drain_s:.0f} s.
 
 ## Assumptions
 - The pilot ran on the same server configuration, GPUs and `classify.concurrency` as the shard jobs.
-- Throughput depends on tokens, not on item count: each request costs in proportion to its prompt and
-  completion tokens as fitted above; the manifest's token estimates, scaled by the calibration factor,
-  stand for the real counts of requests outside the pilot.
+- A shard job takes start-up + ramp-up and drain + the cost of its requests at the steady rate, with
+  each request's cost from the model above.
 - Shard jobs start as soon as one of the {proj['concurrent_jobs']} slots is free (no queueing delay on the
-  cluster), each pays the measured start-up once, and none fails or is re-run.
+  cluster), and none fails or is re-run.
 - Sustained throughput over hours can be lower than in a short pilot (seed 002): treat this as a lower
   bound on the wall time and re-run the estimate on a larger pilot before committing to a deadline.
 """
@@ -219,8 +361,12 @@ def run(config: dict, shard_paths, json_path, md_path, workdir,
     everything = pa.concat_tables(tables)
     if everything.num_rows == 0:
         raise ValueError("the manifest has no requests to estimate")
-    pick = stratified_sample(everything.column("est_prompt_tokens").to_numpy(zero_copy_only=False),
-                             config["planning"]["pilot_size"], seed=seed)
+    est_tokens = everything.column("est_prompt_tokens").to_numpy(zero_copy_only=False)
+    slots = request_slots(config, int(est_tokens.max()) + config["classify"]["max_tokens"])
+    small = pilot_too_small(config, slots) if len(est_tokens) > config["planning"]["pilot_size"] else None
+    if small:
+        log.warning("estimate: %s", small)
+    pick = stratified_sample(est_tokens, config["planning"]["pilot_size"], seed=seed)
     workdir = Path(workdir)
     pilot_path = workdir / "pilot-shard.parquet"
     labels_path = workdir / "pilot-labels.parquet"
@@ -233,14 +379,16 @@ def run(config: dict, shard_paths, json_path, md_path, workdir,
     fresh = [r for r in labels.to_pylist() if (r.get("started_at") or 0) >= job_started - 1]
     # A resumed pilot has older records; their start-up is unknown, so measure it on fresh ones only.
     f = fit(labels, job_started_at=job_started if len(fresh) == labels.num_rows else None)
-    proj = project(config, f, shard_tokens)
-    result = {"pilot": {"requests": int(len(pick)), **asdict(f)}, "projection": proj,
+    gpus, gpus_source = job_gpus(config)
+    proj = project(config, f, shard_tokens, gpus)
+    result = {"pilot": {"requests": int(len(pick)), "model": f.model, **asdict(f)}, "projection": proj,
               "config": {"concurrent_jobs": config["planning"]["concurrent_jobs"],
-                         "gpus_per_job": config["cost"]["gpus_per_job"],
+                         "gpus_per_job": gpus, "gpus_per_job_from": gpus_source,
                          "gpu_hour_usd": config["cost"]["gpu_hour_usd"],
-                         "concurrency": config["classify"]["concurrency"]}}
+                         "concurrency": config["classify"]["concurrency"], "request_slots": slots,
+                         "pilot_warning": small}}
     write_text(json.dumps(result, indent=2, default=_json_default) + "\n", json_path)
-    write_text(summary_md(config, f, proj, len(pick)), md_path)
+    write_text(summary_md(config, f, proj, len(pick), gpus_source, small), md_path)
     return result
 
 

@@ -13,7 +13,7 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Container, Iterator
 
 
 class JournalLocked(RuntimeError):
@@ -26,15 +26,24 @@ def journal_beside(output_path: str | Path) -> Path:
     return output_path.with_name(output_path.name.removesuffix(".parquet") + ".jsonl")
 
 
-def iter_records(path: str | Path) -> Iterator[dict[str, Any]]:
-    """Yield the complete records of a journal; a torn or unparsable line is skipped."""
+def iter_records(path: str | Path, key: str | None = None, wanted: Container[str] | None = None
+                 ) -> Iterator[dict[str, Any]]:
+    """Yield the complete records of a journal; a torn or unparsable line is skipped.
+
+    With ``key`` and ``wanted``, records whose first field is ``key`` with a value not in ``wanted``
+    are skipped before they are parsed (a job scans every shard's journal for its own requests)."""
     path = Path(path)
     if not path.exists():
         return
+    head = b'{"' + key.encode() + b'":"' if key else None
     with open(path, "rb") as fh:
         for line in fh:
             if not line.endswith(b"\n"):
                 break  # torn tail of a killed writer
+            if head is not None and wanted is not None and line.startswith(head):
+                end = line.find(b'"', len(head))
+                if end > 0 and line[len(head):end].decode(errors="replace") not in wanted:
+                    continue
             try:
                 yield json.loads(line)
             except json.JSONDecodeError:

@@ -46,7 +46,8 @@ SHARD_SCHEMA = pa.schema([
     ("est_prompt_tokens", pa.int64()),
     ("plan", pa.string()),
 ])
-INVENTORY_COLUMNS = ("post_id", "video_path", "caption", "duration_s", "fps", "width", "height", "probe_error")
+INVENTORY_COLUMNS = ("post_id", "video_path", "caption", "duration_s", "fps", "width", "height", "video_codec",
+                     "probe_error")
 TEXT_BATCH = 131072
 EXCLUDED_SCHEMA = pa.schema([
     ("post_id", pa.string()),
@@ -209,7 +210,10 @@ def build(config: dict, inventory_path, transcript_paths, transcode_paths, shard
 
     text_tokens = prompt_text_tokens(config, caption, transcript)
 
-    plan = planning.plan_posts(config, num["duration_s"], num["fps"], num["width"], num["height"], text_tokens)
+    # The codec decides whether the server can decode the file at all (planning.SERVER_CODECS).
+    codecs = ok.column("video_codec").to_pylist() if "video_codec" in ok.column_names else None
+    plan = planning.plan_posts(config, num["duration_s"], num["fps"], num["width"], num["height"], text_tokens,
+                               codecs)
     action = plan.action
     plan_str = plan.plan.copy()
     visual = plan.visual_tokens.copy()

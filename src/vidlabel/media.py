@@ -83,7 +83,8 @@ def probe(path: str | os.PathLike) -> dict[str, Any]:
     """Probe one video file.
 
     Returns size_bytes, duration_s, fps, width, height (display orientation: a 90/270 degree
-    display matrix swaps them, as phones record portrait video), video_codec, has_audio and
+    display matrix swaps them, as phones record portrait video), video_codec (the codec's own
+    name: h264, hevc, vp9, av1, ...), has_audio and
     probe_error (None, or a readable reason for a missing, empty, truncated, corrupt or
     non-video file). Never raises.
     """
@@ -137,7 +138,7 @@ def _fill_from_container(container, info: dict[str, Any]) -> None:
         info["probe_error"] = f"no video stream (contains: {', '.join(kinds) or 'no streams'})"
         return
     stream = videos[0]
-    info["video_codec"] = stream.codec_context.name
+    info["video_codec"] = _codec_name(stream)
     rate = stream.average_rate or stream.guessed_rate
     info["fps"] = float(rate) if rate else None
     if info["duration_s"] is None and stream.duration is not None and stream.time_base is not None:
@@ -161,6 +162,13 @@ def _fill_from_container(container, info: dict[str, Any]) -> None:
     if frame.rotation in (90, -90, 270, -270):
         width, height = height, width
     info["width"], info["height"] = width, height
+
+
+def _codec_name(stream) -> str:
+    """The codec's own name (``av1``), not the decoder's: PyAV reports ``libdav1d`` for AV1 where
+    FFmpeg chose that decoder, and the planner judges codecs, not decoders."""
+    codec = stream.codec_context.codec
+    return getattr(codec, "canonical_name", None) or codec.name
 
 
 def _first_frame(container, stream):

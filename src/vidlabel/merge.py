@@ -17,10 +17,15 @@ from . import duck
 
 log = logging.getLogger(__name__)
 
+# What made an answer; one labels table mixes none of them without saying so.
+PROVENANCE_COLUMNS = ("model", "server", "settings_fingerprint", "prompt_hash")
+
+
 # Columns of labels.parquet besides the question columns (docs/outputs.md); a question id must not
 # shadow one of them.
 FIXED_COLUMNS = ("post_id", "shard", "status", "error_kind", "error", "prompt_tokens",
-                 "completion_tokens", "latency_s", "started_at", "finished_at")
+                 "completion_tokens", "latency_s", "started_at", "finished_at", "answer_probs",
+                 *PROVENANCE_COLUMNS, "request_fingerprint")
 
 
 class MergeError(ValueError):
@@ -42,6 +47,24 @@ def _answer_columns(ids: Iterable[str]) -> str:
     return ",\n    ".join(
         f"json_extract_string(CAST(l.answers AS VARCHAR), '$.\"{qid}\"') AS {duck.identifier(qid)}"
         for qid in ids)
+
+
+def provenance_counts(con, labels_path: str | Path) -> list[tuple]:
+    """(model, server, settings_fingerprint, prompt_hash, answers) of the answered posts, most first."""
+    duck.parquet_view(con, "merged_labels", labels_path)
+    return con.execute(duck.sql("provenance")).fetchall()
+
+
+def check_provenance(con, labels_path: str | Path) -> None:
+    """Answers of one question set and model only; several servers or settings are said loudly."""
+    rows = provenance_counts(con, labels_path)
+    if len({(r[0], r[3]) for r in rows}) > 1:
+        raise MergeError("labels come from more than one model or question set: "
+                         + "; ".join(f"{n} from model {m}, prompt {p}" for m, _, _, p, n in rows)
+                         + ". Rerun classify (a record is reused only under the settings it was made with).")
+    if len(rows) > 1:
+        log.warning("labels come from %d provenances (server, settings): %s; summary.md lists them", len(rows),
+                    "; ".join(f"{n} answers by {s} under settings {f}" for _, s, f, _, n in rows))
 
 
 def check_inputs(con) -> None:
@@ -68,6 +91,7 @@ def merge(config: dict[str, Any], inventory_path: str | Path, excluded_path: str
     duck.copy_to_parquet(con, duck.sql("merge_labels", answer_columns=_answer_columns(ids)), output_path)
     counts = dict(con.execute(
         f"SELECT status, count(*) FROM read_parquet({duck.literal(output_path)}) GROUP BY status").fetchall())
+    check_provenance(con, output_path)
     log.info("merged %d posts from %d shard(s) into %s in %.2f s: %s", sum(counts.values()),
              len(label_paths), output_path, time.perf_counter() - t0,
              ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))

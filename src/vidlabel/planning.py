@@ -13,6 +13,14 @@ is tried only for posts that no fps/pixel plan fits. The server keeps
 its global sampling; it simply finds fewer, smaller frames in the transcoded file (vLLM never
 samples more frames than a file has). Nothing fits, or ``over_limit: exclude``: reason ``too_long``.
 
+Media the server cannot read. vLLM decodes videos with OpenCV in its API server; what that decodes
+was measured on a real vLLM 0.26 (``SERVER_CODECS``): H.264, HEVC and VP9 (8 and 10 bit, yuv420p and
+yuv444p, in MP4, QuickTime, Matroska and WebM), while AV1 fails after the request reached the GPU
+server. A post whose codec is not measured to decode, or whose file holds fewer frames than the
+model samples at least (``tokens.MIN_FILE_FRAMES``), is planned for its own transcode to H.264
+(action ``replan``, the reason in ``plan``) whether or not ``planning.transcode.enabled``; if the
+transcode fails too, the manifest excludes it (``transcode_error``) before any GPU time.
+
 Shards. Requests go to shards by longest-processing-time greedy on ``est_prompt_tokens``
 (largest first, ties by request_id; each to the currently lightest shard, ties by index): the
 result depends only on the set of (request_id, cost) pairs, not on row order.
@@ -56,6 +64,25 @@ SPEECH_TOKENS_PER_S = 4.0
 ESTIMATE_MARGIN = 0.02
 FPS_LADDER_STEPS = 8  # fps, fps/2, ..., fps/128
 PIXEL_LADDER_STEPS = 6
+
+
+# What vLLM 0.26's video backend (OpenCV with its bundled FFmpeg) decodes, measured on a real server
+# (docs/planning.md, "Codecs the server decodes"): codec -> what was checked. A codec not listed
+# here has not been measured and is transcoded, which always yields H.264.
+SERVER_CODECS = {
+    "h264": "measured: 8 and 10 bit, yuv420p and yuv444p; MP4, QuickTime, Matroska; 60 fps, VFR, rotation flag",
+    "hevc": "measured: 8 and 10 bit",
+    "vp9": "measured: WebM",
+}
+# Codecs measured to fail on the server, with what happens.
+SERVER_FAILS = {
+    "av1": ("OpenCV has no software AV1 decoder (\"Your platform doesn't support hardware accelerated AV1 "
+            "decoding\"); the request fails with HTTP 500 after reaching the server"),
+}
+# Decoder names some FFmpeg builds report instead of the codec's own name.
+CODEC_ALIASES = {"libdav1d": "av1", "libaom-av1": "av1", "av1_cuvid": "av1", "av1_qsv": "av1",
+                 "libvpx-vp9": "vp9", "libvpx": "vp8", "h264_cuvid": "h264", "hevc_cuvid": "hevc"}
+TRANSCODE_CODEC = "h264"  # what transcode.transcode_file writes
 
 
 class MediaPathError(ValueError):
@@ -115,6 +142,36 @@ def est_seconds(config: dict, prompt_tokens, requests) -> np.ndarray:
     return (prompt_tokens + requests * expected_completion_tokens(config)) / SERVER_TOKENS_PER_S
 
 
+def canonical_codec(name) -> str | None:
+    """The codec's own name for a codec or decoder name (``libdav1d`` -> ``av1``); None stays None."""
+    if name is None:
+        return None
+    name = str(name).strip().lower()
+    return CODEC_ALIASES.get(name, name) or None
+
+
+def server_media_problem(video_codec, duration_s, source_fps) -> np.ndarray:
+    """Per post, why the server cannot be sent the original file (None: it can).
+
+    ``video_codec`` None (unknown) is taken as readable: only what was probed is judged.
+    """
+    d = np.nan_to_num(np.asarray(duration_s, dtype=np.float64), nan=0.0)
+    n = len(d)
+    codecs = [None] * n if video_codec is None else [canonical_codec(c) for c in video_codec]
+    frames = tk.file_frames(d, source_fps) if n else np.zeros(0, np.int64)
+    known = (np.nan_to_num(np.asarray(source_fps, dtype=np.float64), nan=0.0) > 0) & (d > 0)
+    out = np.full(n, None, dtype=object)
+    for i, codec in enumerate(codecs):
+        if codec is not None and codec not in SERVER_CODECS:
+            out[i] = (f"the server cannot decode {codec}: {SERVER_FAILS[codec]}" if codec in SERVER_FAILS else
+                      f"codec {codec} is not among those measured to decode on the server "
+                      f"({', '.join(sorted(SERVER_CODECS))})")
+        elif known[i] and frames[i] < tk.MIN_FILE_FRAMES:
+            out[i] = (f"{int(frames[i])} frame(s) in the file; the server's sampler needs at least "
+                      f"{tk.MIN_FILE_FRAMES}")
+    return out
+
+
 # ------------------------------------------------------------------ text
 
 def render_prompts(config: dict, captions, transcripts) -> list[str]:
@@ -137,7 +194,8 @@ def text_tokens_for(config: dict, captions, transcripts=None, durations=None) ->
 
 @dataclass
 class Plan:
-    """Per-post arrays. action: 'as-is' | 'replan' | 'too_long'."""
+    """Per-post arrays. action: 'as-is' | 'replan' (needs its own transcode: over a limit, or media
+    the server cannot read) | 'too_long'."""
 
     action: np.ndarray  # object (str)
     plan: np.ndarray  # object (str): 'as-is', what changed, or the too_long detail
@@ -180,18 +238,29 @@ def _fmt(x: float) -> str:
     return f"{x:g}"
 
 
-def transcode_target(config: dict, fps, max_pixels, width, height, source_fps):
-    """Frame rate and (width, height) a transcode should produce for a plan."""
+def transcode_target(config: dict, fps, max_pixels, width, height, source_fps, duration_s=None):
+    """Frame rate and (width, height) a transcode should produce for a plan.
+
+    With ``duration_s`` (of the transcoded file), a clip so short that the planned rate would leave
+    fewer than ``tokens.MIN_FILE_FRAMES`` frames gets a rate that gives at least that many (half a
+    frame to spare: ffmpeg's fps filter rounds), even above the source's rate (frames repeat).
+    """
     s = tk.Sampling.from_config(config)
     th, tw = tk.smart_resize(height, width, s.min_pixels, max_pixels)
     src = np.nan_to_num(np.asarray(source_fps, dtype=np.float64), nan=0.0)
     f = np.asarray(fps, dtype=np.float64)
     out_fps = np.where(src > 0, np.minimum(f, src), f)
+    if duration_s is not None:
+        d = np.nan_to_num(np.asarray(duration_s, dtype=np.float64), nan=0.0)
+        wanted = tk.MIN_FILE_FRAMES + 0.5
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out_fps = np.where((d > 0) & (out_fps * d < wanted), wanted / d, out_fps)
     return out_fps, tw, th
 
 
-def plan_posts(config: dict, duration_s, source_fps, width, height, text_tokens) -> Plan:
-    """Gate every post on the context and re-plan (or exclude) those that do not fit."""
+def plan_posts(config: dict, duration_s, source_fps, width, height, text_tokens, video_codec=None) -> Plan:
+    """Gate every post on the context and re-plan (or exclude) those that do not fit; plan a transcode
+    for the posts whose original file the server cannot read (``server_media_problem``)."""
     c, p = config["classify"], config["planning"]
     s = tk.Sampling.from_config(config)
     d = np.nan_to_num(np.asarray(duration_s, dtype=np.float64), nan=0.0)
@@ -257,6 +326,13 @@ def plan_posts(config: dict, duration_s, source_fps, width, height, text_tokens)
             action[i] = "replan"
             plan[i] = f"replan: {', '.join(changes)} (visual tokens {int(base[i])}->{int(best[j])})"
             out_fps[i], out_px[i], out_d[i], visual[i] = f, px, dur, best[j]
+    problem = server_media_problem(video_codec, d, sf)
+    for i in np.flatnonzero(problem != None):  # noqa: E711 (elementwise)
+        if action[i] == "as-is":
+            action[i] = "replan"
+            plan[i] = f"transcode to {TRANSCODE_CODEC}: {problem[i]}"
+        elif action[i] == "replan":
+            plan[i] = f"{plan[i]}; {TRANSCODE_CODEC} because {problem[i]}"
     for i in np.flatnonzero(action == "too_long"):
         plan[i] = (f"estimated {int(base[i])} visual + {int(text[i])} text tokens exceed the limits: "
                    f"{limits_text(config)}"

@@ -58,12 +58,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-# CPUs kept for the job's own client and the server's engine process, next to media decoding.
-RESERVED_CPUS = 2
-# CPUs per API server process when classify.api_server_count is null: each decodes videos in a
-# thread pool and runs the processor in its own interpreter (docs/serving.md has the measurements).
-CPUS_PER_API_SERVER = 3
-MAX_API_SERVERS = 8
+# How a server copy's CPUs are shared when classify.api_server_count is null. Each API server process
+# decodes videos in its own thread pool and runs the multimodal processor (resize and normalisation
+# of every frame, the chat template, request parsing) in its own interpreter: the per-request CPU
+# work that decides whether the GPU waits. Measured on one H200 with 16 cores, camera-like H.264,
+# 32 requests in flight (vLLM 0.26, docs/serving.md): 8 API servers x 2 media threads 18.5k prompt
+# tok/s at 1.4 req/s with the GPU near 100 % busy; 4 x 3 (with 2 CPUs kept aside) 12.9k at 1.0 req/s
+# with the GPU idle a third of the time. So no CPUs are kept aside (the engine and the client
+# share them with decoding) and every 2 CPUs get an API server.
+RESERVED_CPUS = 0
+CPUS_PER_API_SERVER = 2
+MAX_API_SERVERS = 8  # the most measured
 
 
 def granted_cpus(environ=os.environ) -> int | None:
@@ -108,6 +113,9 @@ class ServerCopy:
 
 
 def api_server_count(config: dict, cpus: int) -> int:
+    """``--api-server-count`` for a server copy with ``cpus`` CPUs: ``classify.api_server_count``, or
+    one per ``CPUS_PER_API_SERVER`` CPUs between 1 and ``MAX_API_SERVERS`` (16 CPUs: 8 API servers,
+    each with 2 media threads, ``ServerCopy.media_threads``)."""
     configured = config["classify"]["api_server_count"]
     if configured:
         return int(configured)
@@ -154,17 +162,36 @@ def single_copy(config: dict, log_path: str | Path, environ=os.environ) -> Serve
                          log_path, environ)[0]
 
 
+# Fields of the server command that each job chooses for the GPUs and CPUs it was granted. They do
+# not decide an answer, so the command a record is tied to (``answer_settings``) leaves them out:
+# a resumed shard on another node reuses its answers.
+PER_JOB_FIELDS = ("port", "tensor_parallel_size", "data_parallel_size", "api_server_count", "max_num_seqs")
+
+
 def build_command(config: dict, port: int, copy: ServerCopy) -> list[str]:
     """The server argv from ``classify.server_command`` (values shell-quoted, then split), followed
     by ``classify.server_args``."""
+    return _fill_command(config, {"port": port, "tensor_parallel_size": copy.tensor,
+                                  "data_parallel_size": copy.data, "api_server_count": copy.api_servers,
+                                  "max_num_seqs": config["classify"]["max_num_seqs"]})
+
+
+def answer_settings(config: dict) -> dict:
+    """The server settings an answer depends on: the job's command with the per-job fields left as
+    placeholders, or, with ``classify.endpoints``, nothing known before the servers are asked
+    (their identity is read at run time and kept in every record)."""
+    if config["classify"]["endpoints"]:
+        return {"external": True}
+    return {"command": _fill_command(config, {f: f"<{f}>" for f in PER_JOB_FIELDS})}
+
+
+def _fill_command(config: dict, per_job: dict) -> list[str]:
     cls, plan = config["classify"], config["planning"]
     fields = {
-        "model": cls["model"], "port": port, "tensor_parallel_size": copy.tensor,
-        "data_parallel_size": copy.data, "media_root": allowed_media_path(config),
-        "max_model_len": cls["max_model_len"], "max_num_seqs": cls["max_num_seqs"],
-        "max_num_batched_tokens": cls["max_num_batched_tokens"], "min_pixels": plan["min_pixels"],
-        "max_pixels": plan["max_pixels"], "fps": plan["fps"], "generation_config": cls["generation_config"],
-        "api_server_count": copy.api_servers,
+        "model": cls["model"], "media_root": allowed_media_path(config),
+        "max_model_len": cls["max_model_len"], "max_num_batched_tokens": cls["max_num_batched_tokens"],
+        "min_pixels": plan["min_pixels"], "max_pixels": plan["max_pixels"], "fps": plan["fps"],
+        "generation_config": cls["generation_config"], **per_job,
     }
     quoted = {k: shlex.quote(str(v)) for k, v in fields.items()}
     try:

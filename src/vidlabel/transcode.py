@@ -7,10 +7,12 @@ faststart) leaves the server a few dozen small frames.
 
 One chunk job handles the posts with ``stable_chunk(post_id, planning.transcode.chunks) == chunk``
 and no probe error. Which posts: all of them with ``planning.transcode.enabled``; otherwise only the
-posts the context gate re-plans (their new fps/pixel bound/trim exists only in a transcoded file),
-so the rule can always run. Each post is planned by ``vidlabel.planning.plan_posts``; without
-transcripts (the rule may run before transcription) a speech allowance by duration stands in for
-the transcript's tokens.
+posts the planner re-plans: those over a limit (their new fps/pixel bound/trim exists only in a
+transcoded file) and those whose original the server cannot read (a codec it does not decode, too
+few frames), so the rule can always run. A clip too short for the planned rate is written with
+enough frames for the model (``planning.transcode_target``); a file with fewer is an error record.
+Each post is planned by ``vidlabel.planning.plan_posts``; without transcripts (the rule may run
+before transcription) a speech allowance by duration stands in for the transcript's tokens.
 
 Resume: every finished post (ok or error) is appended to the journal ``<output>.jsonl`` (key
 ``post_id``); a rerun skips posts whose journal record has the same transcode key (source file,
@@ -36,6 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vidlabel import planning
+from vidlabel import tokens as tk
 from vidlabel.io import atomic_path, write_parquet
 from vidlabel.journal import Journal, journal_beside
 from vidlabel.sharding import stable_chunk
@@ -151,16 +154,18 @@ def run_chunk(config: dict, inventory_path, chunk: int, output_path, media_dir,
     n = posts.num_rows
     cols = {c: posts.column(c).to_pylist() for c in
             ("post_id", "video_path", "caption", "duration_s", "fps", "width", "height")}
+    codecs = posts.column("video_codec").to_pylist() if "video_codec" in posts.column_names else None
     if transcript_paths is not None:
         texts = read_transcripts(transcript_paths)
         text_tokens = planning.text_tokens_for(config, cols["caption"], [texts.get(x) for x in cols["post_id"]])
     else:
         text_tokens = planning.text_tokens_for(config, cols["caption"], None, cols["duration_s"])
     plan = planning.plan_posts(config, cols["duration_s"], _nan(cols["fps"]), cols["width"], cols["height"],
-                               text_tokens)
+                               text_tokens, codecs)
     out_fps, out_w, out_h = planning.transcode_target(config, plan.fps, plan.max_pixels,
                                                       np.asarray(cols["width"], float),
-                                                      np.asarray(cols["height"], float), _nan(cols["fps"]))
+                                                      np.asarray(cols["height"], float), _nan(cols["fps"]),
+                                                      plan.duration_s)
     wanted = [i for i in range(n)
               if plan.action[i] == "replan" or (enabled and plan.action[i] == "as-is")]
     rows = []
@@ -184,6 +189,10 @@ def run_chunk(config: dict, inventory_path, chunk: int, output_path, media_dir,
             try:
                 transcode_file(src, dst, fps, w, h, trim, crf)
                 rec.update(probe_output(dst))
+                if rec["frames"] < tk.MIN_FILE_FRAMES:
+                    dst.unlink()
+                    raise RuntimeError(f"the transcoded file has {rec['frames']} frame(s); the server's sampler "
+                                       f"needs at least {tk.MIN_FILE_FRAMES}")
                 rec["media_path"] = str(dst)
             except Exception as exc:  # a per-item record, never a crash
                 rec.update(status="error", error=f"{type(exc).__name__}: {exc}" if not isinstance(

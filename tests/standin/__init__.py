@@ -26,8 +26,15 @@ def standin_command(python: str | None = None, request_log: str | Path | None = 
              "--host 127.0.0.1 --port {port} --allowed-local-media-path {media_root}",
              "--served-model {model}"]
     if request_log is not None:
-        parts += ["--request-log", _quote_for_template(request_log)]
-    parts += [_quote_for_template(f) for f in faults]
+        # The faults go to a file beside the request log, so that a rerun with other faults (or none)
+        # runs the same server command, as a user's rerun does, and reuses the journaled answers.
+        faults_file = Path(request_log).with_suffix(".faults.json")
+        faults_file.parent.mkdir(parents=True, exist_ok=True)
+        faults_file.write_text(json.dumps([str(f) for f in faults]))
+        parts += ["--request-log", _quote_for_template(request_log),
+                  "--faults-file", _quote_for_template(faults_file)]
+    else:
+        parts += [_quote_for_template(f) for f in faults]
     return " ".join(parts)
 
 

@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import re
@@ -67,6 +68,14 @@ def _word_times(spec: str) -> tuple[str, int]:
     return word.lower(), int(times) if times else 0
 
 
+def request_of(send_id: str | None) -> str | None:
+    """The request id of a send: vidlabel sends ``<request id>-<send number>`` (24 hex digits first)."""
+    if send_id is None:
+        return None
+    base, sep, number = send_id.rpartition("-")
+    return base if sep and number.isdigit() and len(base) == 24 else send_id
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1")
@@ -75,6 +84,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--served-model", "--served-model-name", dest="served_model", default="standin-model")
     p.add_argument("--request-log", default=None, help="JSON-lines file of request events")
     p.add_argument("--yes-if", action="append", default=[], metavar="QID=WORD")
+    p.add_argument("--standin-version", default="0.26.0", help="what /version answers")
+    p.add_argument("--answer-confidence", type=float, default=0.9,
+                   help="probability the log-probabilities give the chosen answer")
+    p.add_argument("--model-root", default=None, help="the model folder /v1/models names (default: the name)")
     # Token accounting.
     p.add_argument("--video-tokens", choices=["bytes", "qwen"], default="bytes",
                    help="bytes: file size / --bytes-per-video-token (cheap synthetic load); qwen: vLLM's rule")
@@ -110,9 +123,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--hang-rate", type=float, default=0.0, metavar="P",
                    help="of requests with a video: never answered (until the client goes away)")
     p.add_argument("--invalid-json-on", action="append", default=[], metavar="WORD")
+    p.add_argument("--error-on", action="append", default=[], metavar="WORD=STATUS:MESSAGE",
+                   help="every attempt of prompts containing WORD answers STATUS with MESSAGE")
     p.add_argument("--verbose-on", action="append", default=[], metavar="WORD=TOKENS",
                    help="the answer to prompts containing WORD needs TOKENS output tokens")
     p.add_argument("--slow-start", type=float, default=0.0, metavar="S")
+    p.add_argument("--slow-health", type=float, default=0.0, metavar="S",
+                   help="/health answers after S seconds (an API server busy preprocessing)")
+    p.add_argument("--media-invisible-after", type=int, default=-1, metavar="N",
+                   help="after N answered video requests, every file is missing here (another mount, an NFS "
+                        "outage): 500 [Errno 2] No such file or directory; 0 = from the start")
     p.add_argument("--random-weights", action="store_true",
                    help="answer like random weights: random yes/no, whitespace runaways without the vLLM flag")
     # vLLM's own flags (those vidlabel's default command uses, and a few common ones).
@@ -130,9 +150,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--mm-processor-cache-gb", type=float, default=4.0)
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--load-format", default="auto")
+    p.add_argument("--max-logprobs", type=int, default=20)
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--faults-file", default=None,
+                   help="JSON list of further arguments (faults), read at start: a test changes the faults "
+                        "between runs while the server command, and so the answers' fingerprint, stays the same")
     args = p.parse_args(argv)
+    if args.faults_file:
+        with open(args.faults_file) as fh:
+            extra = json.load(fh)
+        args = p.parse_args([*(sys.argv[1:] if argv is None else argv), *map(str, extra)])
     if args.video_tokens == "qwen" and args.max_num_batched_tokens is None:
         args.max_num_batched_tokens = VLLM_DEFAULT_BATCHED_TOKENS
     return args
@@ -279,8 +307,46 @@ class StandIn:
             return "{\r\n \t\n" + " " * 64, 10 ** 6  # a whitespace runaway: cut at max_tokens
         return "lorem ipsum " * 64, 10 ** 6
 
+    def logprobs(self, text: str, body: dict) -> dict | None:
+        """``choices[0].logprobs`` as vLLM gives it under a JSON schema, when the body asks for it: the
+        grammar forces the keys and punctuation (log-probability 0), and where an answer starts the
+        allowed first tokens are the answers' prefixes ('y', 'yes', 'n', 'no'). The chosen answer gets
+        probability ``--answer-confidence``, spread over its prefixes; the other answer the rest."""
+        if not body.get("logprobs"):
+            return None
+        k = int(body.get("top_logprobs") or 0)
+        try:
+            answers = json.loads(text)
+        except ValueError:
+            answers = None
+        content = []
+
+        def token(tok: str, logprob: float, alternatives: list[tuple[str, float]]) -> None:
+            tops = sorted(alternatives, key=lambda a: -a[1])[:k]
+            content.append({"token": tok, "logprob": logprob, "bytes": list(tok.encode()),
+                            "top_logprobs": [{"token": a, "logprob": lp, "bytes": list(a.encode())} for a, lp in tops]})
+
+        if not isinstance(answers, dict):  # not an answer object: one forced token per character
+            for ch in text:
+                token(ch, 0.0, [(ch, 0.0)])
+            return {"content": content}
+        sure = self.args.answer_confidence
+        for i, (qid, value) in enumerate(answers.items()):
+            head = ("{" if i == 0 else ",") + f'"{qid}":"'
+            token(head, 0.0, [(head, 0.0)])
+            other = "no" if value == "yes" else "yes"
+            # Two tokenisations of each answer: the whole word, and its first letter.
+            alternatives = [(value, math.log(sure * 0.75)), (value[0], math.log(sure * 0.25)),
+                            (other, math.log((1 - sure) * 0.75)), (other[0], math.log((1 - sure) * 0.25))]
+            token(value, alternatives[0][1], alternatives)
+            token('"', 0.0, [('"', 0.0)])
+        token("}", 0.0, [("}", 0.0)])
+        return {"content": content}
+
     # ---- routes --------------------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
+        if self.args.slow_health:
+            await asyncio.sleep(self.args.slow_health)
         dead = self.args.never_healthy or (
             self.args.unhealthy_after and self.chat_completed >= self.args.unhealthy_after)
         return web.Response(status=503 if dead else 200)
@@ -290,7 +356,10 @@ class StandIn:
             return web.json_response({"error": "Unauthorized"}, status=401)
         return web.json_response({"object": "list", "data": [
             {"id": self.args.served_model, "object": "model", "created": 0, "owned_by": "vllm",
-             "max_model_len": self.args.max_model_len}]})
+             "root": self.args.model_root or self.args.served_model, "max_model_len": self.args.max_model_len}]})
+
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": self.args.standin_version})
 
     async def metrics(self, request: web.Request) -> web.Response:
         e = self.engine
@@ -309,7 +378,8 @@ class StandIn:
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        rid = request.headers.get("X-Request-Id")
+        send_id = request.headers.get("X-Request-Id")
+        rid = request_of(send_id)
         if not self.authorised(request):
             self.log.write("completed", rid, status=401)
             return web.json_response({"error": "Unauthorized"}, status=401)
@@ -321,7 +391,7 @@ class StandIn:
             os._exit(3)
         self.seen[rid] += 1
         attempt = self.seen[rid]
-        self.log.write("received", rid, attempt=attempt)
+        self.log.write("received", rid, attempt=attempt, send_id=send_id)
         try:
             status, resp = await self._chat(request, rid, attempt)
         except asyncio.CancelledError:
@@ -345,6 +415,9 @@ class StandIn:
         if body.get("model") != args.served_model:
             return self._error(rid, 404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
 
+        if body.get("logprobs") and int(body.get("top_logprobs") or 0) > args.max_logprobs:
+            return self._error(rid, 400, f"Requested sample logprobs of {body['top_logprobs']}, which is greater "
+                               f"than max allowed: {args.max_logprobs}", "BadRequestError")
         # Admission: a storm, then the capacity cap.
         n = self.chat_arrivals
         if self.storm and self.storm[0] < n <= self.storm[0] + self.storm[1]:
@@ -383,7 +456,10 @@ class StandIn:
                 return self._error(rid, 400, f"The file path {path} must be a subpath of "
                                    f"`--allowed-local-media-path` {self.allowed}.", "BadRequestError")
             self.log.write("media", rid, path=real)  # which file the server would decode
+            invisible = args.media_invisible_after >= 0 and self.chat_completed >= args.media_invisible_after
             try:
+                if invisible:
+                    raise FileNotFoundError(real)
                 size = os.stat(real).st_size
             except FileNotFoundError:
                 return self._error(rid, 500, f"[Errno 2] No such file or directory: '{path}'",
@@ -415,6 +491,11 @@ class StandIn:
             return self._error(rid, 400, f"This model's maximum context length is {args.max_model_len} tokens. "
                                f"However, your prompt contains at least {prompt_tokens} input tokens.",
                                "BadRequestError")
+        for spec in args.error_on:
+            word, _, rest = spec.partition("=")
+            status_text, _, message = rest.partition(":")
+            if word.lower() in prompt_lower:
+                return self._error(rid, int(status_text), message, "InternalServerError")
         if video_path is not None and args.random_500 and self.rng.random() < args.random_500:
             return self._error(rid, 500, "Internal server error (injected)", "InternalServerError")
 
@@ -462,7 +543,7 @@ class StandIn:
             "id": f"chatcmpl-{rid}", "object": "chat.completion", "created": int(time.time()),
             "model": args.served_model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": finish, "logprobs": None}],
+                         "finish_reason": finish, "logprobs": self.logprobs(text, body)}],
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                       "total_tokens": prompt_tokens + completion_tokens},
         }
@@ -495,6 +576,7 @@ async def main(argv=None) -> None:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_get("/health", standin.health)
     app.router.add_get("/v1/models", standin.models)
+    app.router.add_get("/version", standin.version)
     app.router.add_get("/metrics", standin.metrics)
     app.router.add_post("/v1/chat/completions", standin.chat)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)

@@ -39,6 +39,8 @@ rule aggregate:
         throughput_plot=_plot("throughput", "throughput over time"),
         errors_plot=_plot("errors", "errors by kind"),
     params:
+        # Its result settings: editing one reruns this job (vidlabel.settings).
+        settings=vidlabel.settings.fingerprint(config, "aggregate"),
         summary_dir=f"{RESULTS}/summary",
     log:
         "logs/aggregate.log",

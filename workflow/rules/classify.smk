@@ -6,6 +6,8 @@ rule classify:
     output:
         f"{RESULTS}/labels/shard-{{shard}}.parquet",
     params:
+        # Its result settings: editing one reruns this job (vidlabel.settings).
+        settings=vidlabel.settings.fingerprint(config, "classify"),
         journal=f"{RESULTS}/journal/shard-{{shard}}.jsonl",
         server_log="logs/classify/server-{shard}.log",
     log:

@@ -7,6 +7,8 @@ rule estimate:
         json=f"{RESULTS}/estimate.json",
         summary=f"{RESULTS}/estimate.md",
     params:
+        # Its result settings: editing one reruns this job (vidlabel.settings).
+        settings=vidlabel.settings.fingerprint(config, "estimate"),
         workdir=f"{RESULTS}/estimate",
     log:
         "logs/estimate.log",

@@ -3,6 +3,9 @@ rule inventory:
         config["posts"],
     output:
         f"{RESULTS}/inventory.parquet",
+    params:
+        # Its result settings: editing one reruns this job (vidlabel.settings).
+        settings=vidlabel.settings.fingerprint(config, "inventory"),
     log:
         "logs/inventory.log",
     conda:

@@ -7,6 +7,9 @@ rule manifest:
         shards=expand(f"{RESULTS}/manifest/shard-{{shard}}.parquet", shard=SHARDS),
         excluded=f"{RESULTS}/manifest/excluded.parquet",
         plan=f"{RESULTS}/manifest/plan.csv",
+    params:
+        # Its result settings: editing one reruns this job (vidlabel.settings).
+        settings=vidlabel.settings.fingerprint(config, "manifest"),
     log:
         "logs/manifest.log",
     conda:

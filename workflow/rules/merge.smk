@@ -5,6 +5,9 @@ rule merge:
         labels=label_shards,
     output:
         f"{RESULTS}/labels.parquet",
+    params:
+        # Its result settings: editing one reruns this job (vidlabel.settings).
+        settings=vidlabel.settings.fingerprint(config, "merge"),
     log:
         "logs/merge.log",
     conda:

@@ -6,6 +6,8 @@ rule transcode:
     output:
         f"{RESULTS}/transcoded/chunk-{{chunk}}.parquet",
     params:
+        # Its result settings: editing one reruns this job (vidlabel.settings).
+        settings=vidlabel.settings.fingerprint(config, "transcode"),
         media_dir=vidlabel.planning.transcoded_media_dir(config),
     log:
         "logs/transcode/chunk-{chunk}.log",

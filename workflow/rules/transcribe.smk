@@ -5,6 +5,9 @@ rule transcribe:
         rules.inventory.output,
     output:
         f"{RESULTS}/transcripts/chunk-{{chunk}}.parquet",
+    params:
+        # Its result settings: editing one reruns this job (vidlabel.settings).
+        settings=vidlabel.settings.fingerprint(config, "transcribe"),
     log:
         "logs/transcribe/chunk-{chunk}.log",
     conda:

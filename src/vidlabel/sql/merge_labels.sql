@@ -16,7 +16,14 @@ SELECT
     CAST(l.completion_tokens AS BIGINT) AS completion_tokens,
     CAST(l.latency_s AS DOUBLE) AS latency_s,
     CAST(l.started_at AS DOUBLE) AS started_at,
-    CAST(l.finished_at AS DOUBLE) AS finished_at
+    CAST(l.finished_at AS DOUBLE) AS finished_at,
+    CAST(l.answer_probs AS VARCHAR) AS answer_probs,
+    -- Provenance: what made the answer (docs/outputs.md).
+    CAST(l.model AS VARCHAR) AS model,
+    CAST(l.server AS VARCHAR) AS server,
+    CAST(l.settings_fingerprint AS VARCHAR) AS settings_fingerprint,
+    CAST(l.prompt_hash AS VARCHAR) AS prompt_hash,
+    CAST(l.request_fingerprint AS VARCHAR) AS request_fingerprint
 FROM inventory i
 LEFT JOIN shard_labels l USING (post_id)
 LEFT JOIN excluded e USING (post_id)

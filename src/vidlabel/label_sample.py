@@ -1,0 +1,282 @@
+"""Which posts people code: a sample drawn where the model is unsure, its inclusion probabilities, and
+the files to code it in Label Studio (rule ``label_sample``; docs/human_labels.md).
+
+- Population: every classified post of ``labels.parquet`` (status ok or error), as in aggregate.
+- Confidence: P(yes) per post and question from ``answer_probs`` (vidlabel.confidence). A question
+  answered without probabilities takes the question's model share as its P(yes), so with no
+  probabilities at all every answered post gets the same uncertainty (a uniform design over them). A
+  post without an answer (status error) has no P(yes): ``sampling.post_uncertainty`` counts it as
+  maximally uncertain, so failed posts, which are part of the population, are drawn more often.
+- Design: ``sampling.inclusion_probabilities`` (budget, floor share) and ``sampling.draw`` (seed); pi is
+  fixed here, before any label is seen, and kept for every post in ``design.parquet``.
+- Burn-in: posts of an existing human sample (``label_sample.burn_in``) are already coded; given that
+  sample they are labelled with certainty (pi = 1) and the budget goes to the other posts. Their
+  labels enter the estimate with sampling_probability 1 (``collect``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from . import duck, labelstudio, sampling
+from .aggregate import load_human_labels
+from .io import atomic_path, write_parquet, write_text
+from .merge import question_ids
+
+log = logging.getLogger(__name__)
+
+SAMPLE_COLUMNS = ("post_id", "video_path", "caption", "transcript", "questions", "pi", "seed", "design")
+HUMAN_LABEL_COLUMNS = labelstudio.EXPORT_COLUMNS
+# design.parquet / sample.csv: how a post came into the human sample.
+DESIGN_ACTIVE, DESIGN_UNIFORM, DESIGN_BURN_IN = "active", "uniform", "burn_in"
+# A task's pi (written as JSON or CSV text) may differ from design.parquet's by rounding only.
+PI_TOLERANCE = 1e-9
+# The choice whose probability drives the design (yes/no questions).
+POSITIVE_CHOICE = "yes"
+
+# answer_probs is a JSON string {question: {choice: p}} (docs/outputs.md); anything else is a bug upstream.
+UNREADABLE_PROBS_SQL = """
+SELECT post_id FROM labels
+WHERE answer_probs IS NOT NULL
+  AND coalesce(json_type(TRY_CAST(CAST(answer_probs AS VARCHAR) AS JSON)) <> 'OBJECT', true)
+"""
+# The usable rows of a burn-in sample (table human_checked of aggregate.load_human_labels).
+BURN_IN_LABELS_SQL = """
+SELECT post_id, question, CASE WHEN y = 1 THEN 'yes' ELSE 'no' END AS label,
+       1.0 AS sampling_probability, CAST(NULL AS VARCHAR) AS annotator
+FROM human_checked WHERE issue IS NULL ORDER BY line
+"""
+# Caption, transcript and the original video of the sampled posts, from the manifest shards.
+SAMPLED_POSTS_SQL = """
+SELECT s.post_id, m.video_path, m.caption, m.transcript
+FROM sampled s LEFT JOIN manifest m USING (post_id)
+ORDER BY s.position
+"""
+
+
+class SampleError(ValueError):
+    """The human sample cannot be drawn as configured; the message names the key or the posts."""
+
+
+def sample_questions(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The questions coders answer: ``label_sample.questions`` (ids) or every classify question."""
+    by_id = {q["id"]: q for q in config["classify"]["questions"]}
+    wanted = config["label_sample"]["questions"] or list(by_id)
+    unknown = [qid for qid in wanted if qid not in by_id]
+    if unknown:
+        raise SampleError(f"config key 'label_sample.questions': {unknown} are not classify.questions ids "
+                          f"({sorted(by_id)})")
+    clash = labelstudio.reserved_question_ids(wanted)
+    if clash:
+        raise SampleError(f"question id(s) {clash} are names the Label Studio files use themselves "
+                          f"({sorted(labelstudio.RESERVED_NAMES)}); rename them in classify.questions")
+    return [by_id[qid] for qid in wanted]
+
+
+def read_population(con, ids: list[str]) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """post ids, status, (N, Q) P(yes) from answer_probs (NaN unknown), (N, Q) hard answers (NaN none)."""
+    columns = {row[0] for row in con.execute("DESCRIBE labels").fetchall()}
+    missing = [qid for qid in ids if qid not in columns]
+    if missing:
+        raise SampleError(f"labels.parquet has no column(s) {missing}: was it merged with another question set?")
+    if "answer_probs" in columns:
+        unreadable = con.execute(UNREADABLE_PROBS_SQL).fetchall()
+        if unreadable:
+            raise SampleError(f"labels.parquet: answer_probs of {len(unreadable)} post(s) is not a JSON object, "
+                              f"e.g. {[post_id for post_id, in unreadable[:5]]}")
+        path = "'$.\"{qid}\".\"" + POSITIVE_CHOICE + "\"'"
+        probability = ", ".join(
+            f"TRY_CAST(json_extract_string(CAST(answer_probs AS VARCHAR), {path.format(qid=qid)}) AS DOUBLE) "
+            f"AS {duck.identifier('p_' + qid)}" for qid in ids)
+    else:
+        log.warning("labels.parquet has no answer_probs column: every answered post gets the same uncertainty "
+                    "(a uniform design over them); classify with log-probabilities for an active design")
+        probability = ", ".join(f"CAST(NULL AS DOUBLE) AS {duck.identifier('p_' + qid)}" for qid in ids)
+    answers = ", ".join(f"CASE {duck.identifier(qid)} WHEN 'yes' THEN 1.0 WHEN 'no' THEN 0.0 END "
+                        f"AS {duck.identifier('a_' + qid)}" for qid in ids)
+    table = con.sql(duck.sql("label_sample_population", probability_columns=probability,
+                             answer_columns=answers)).to_arrow_table()
+    if table.num_rows == 0:
+        raise SampleError("labels.parquet has no classified post (status ok or error) to sample from")
+
+    def matrix(prefix):
+        return np.column_stack([table.column(prefix + qid).to_numpy(zero_copy_only=False).astype(float)
+                                for qid in ids])
+
+    return table.column("post_id").to_pylist(), np.asarray(table.column("status").to_pylist()), \
+        matrix("p_"), matrix("a_")
+
+
+def p_yes(probabilities: np.ndarray, answers: np.ndarray, ok: np.ndarray, ids: list[str]) -> np.ndarray:
+    """P(yes) per post and question for the design: the model's probability; for an answer without one,
+    the question's model share (yes / answered); NaN for a post whose request failed."""
+    bad = np.isfinite(probabilities) & ((probabilities < 0) | (probabilities > 1))
+    if bad.any():
+        raise SampleError(f"answer_probs holds {int(bad.sum())} P(yes) outside [0, 1]")
+    out = np.where(ok[:, None], probabilities, np.nan)
+    for q, qid in enumerate(ids):
+        answered = ok & np.isfinite(answers[:, q])
+        fallback = answered & ~np.isfinite(out[:, q])
+        if fallback.any():
+            share = float(answers[answered, q].mean())
+            out[fallback, q] = share
+            log.info("question %s: %d of %d answered posts have no probability; they take the model share %.3f",
+                     qid, int(fallback.sum()), int(answered.sum()), share)
+    return out
+
+
+def burn_in_labels(con, path: str | Path, ids: list[str], all_ids: list[str]) -> pa.Table:
+    """The usable labels of an existing human sample (human-label format, checked as aggregate checks
+    it), with sampling_probability 1: given that sample, its posts are coded with certainty."""
+    con.register("questions_arrow", pa.table({"question": all_ids, "position": list(range(len(all_ids)))}))
+    con.execute("CREATE OR REPLACE TABLE questions AS SELECT * FROM questions_arrow")
+    described = load_human_labels(con, path)
+    if not described["usable"]:
+        raise SampleError(f"config key 'label_sample.burn_in': {path} has no usable human label")
+    table = con.sql(BURN_IN_LABELS_SQL).to_arrow_table()
+    posts = set(table.column("post_id").to_pylist())
+    coded = con.execute("SELECT post_id, count(DISTINCT question) FROM human_valid WHERE question IN "
+                        f"({', '.join(duck.literal(q) for q in ids)}) GROUP BY post_id").fetchall()
+    partial = len(posts) - sum(1 for _, n in coded if n == len(ids))
+    if partial:
+        log.warning("burn-in: %d of %d posts lack a label for some sampled question; they are not coded again",
+                    partial, len(posts))
+    return table
+
+
+def run(config: dict[str, Any], labels_path: str | Path, manifest_paths: list[str | Path],
+        burn_in_path: str | Path | None, outputs: dict[str, str | Path]) -> None:
+    """Draw the sample and write ``outputs``: sample (CSV), design (Parquet), burn_in (CSV, the burn-in's
+    labels in human-label format, header only without one), ls_config (XML), ls_tasks (JSON)."""
+    settings = config["label_sample"]
+    questions = sample_questions(config)
+    ids = [q["id"] for q in questions]
+    con = duck.connect()
+    duck.parquet_view(con, "labels", labels_path, file_row_number=True)
+    post_ids, status, probabilities, answers = read_population(con, ids)
+    ok = status == "ok"
+    uncertainty = sampling.post_uncertainty(p_yes(probabilities, answers, ok, ids))
+
+    burn_in = np.zeros(len(post_ids), dtype=bool)
+    burn_in_table = pa.table({c: pa.array([], pa.float64() if c == "sampling_probability" else pa.string())
+                              for c in HUMAN_LABEL_COLUMNS})
+    if burn_in_path:
+        burn_in_table = burn_in_labels(con, burn_in_path, ids, question_ids(config))
+        coded = set(burn_in_table.column("post_id").to_pylist())
+        burn_in = np.fromiter((p in coded for p in post_ids), dtype=bool, count=len(post_ids))
+        log.info("burn-in: %d posts already coded (pi = 1), from %s", int(burn_in.sum()), burn_in_path)
+    _write_csv(outputs["burn_in"], HUMAN_LABEL_COLUMNS, burn_in_table.to_pylist())
+    candidates = ~burn_in
+    budget, floor_share, seed = float(settings["budget"]), float(settings["floor_share"]), int(settings["seed"])
+    if budget > candidates.sum():
+        raise SampleError(f"config key 'label_sample.budget': {budget:g} is more than the {int(candidates.sum())} "
+                          "posts left to sample")
+    pi = np.ones(len(post_ids))
+    pi[candidates] = sampling.inclusion_probabilities(uncertainty[candidates], budget, floor_share)
+    drawn = burn_in.copy()
+    drawn[candidates] = sampling.draw(pi[candidates], seed)
+    uniform = np.ptp(pi[candidates]) <= 1e-12 * pi[candidates].max()
+    design = np.where(burn_in, DESIGN_BURN_IN, DESIGN_UNIFORM if uniform else DESIGN_ACTIVE)
+
+    write_parquet(pa.table({"post_id": pa.array(post_ids, pa.string()), "status": pa.array(status.tolist()),
+                            "uncertainty": uncertainty, "pi": pi, "drawn": drawn,
+                            "design": pa.array(design.tolist(), pa.string())}), outputs["design"])
+    new = np.flatnonzero(drawn & candidates)
+    new = new[np.random.default_rng((seed, 1)).permutation(new.size)]  # coding order: a stop part-way is random
+    rows = _sample_rows(con, manifest_paths, [post_ids[i] for i in new], pi[new], design[new], ids, seed)
+    _write_csv(outputs["sample"], SAMPLE_COLUMNS, rows)
+    for row in rows:
+        row["video"] = labelstudio.video_url(settings["video_url"], row["video_path"], config["media_root"])
+    write_text(labelstudio.labelling_config(questions), outputs["ls_config"])
+    write_text(json.dumps(labelstudio.tasks(rows), ensure_ascii=False, indent=1) + "\n", outputs["ls_tasks"])
+    share = pi[candidates]
+    log.info("%s design over %d posts (%d ok, %d failed): %d drawn for coding (budget %g, floor share %g, seed %d); "
+             "pi min %.4g, median %.4g, max %.4g", design[candidates][0] if candidates.any() else "no",
+             int(candidates.sum()), int((ok & candidates).sum()), int((~ok & candidates).sum()), new.size, budget,
+             floor_share, seed, share.min(), float(np.median(share)), share.max())
+
+
+def _sample_rows(con, manifest_paths, post_ids, pi, design, ids, seed) -> list[dict[str, Any]]:
+    duck.parquet_view(con, "manifest", manifest_paths, union_by_name=True)
+    con.register("sampled", pa.table({"post_id": pa.array(post_ids, pa.string()),
+                                      "position": list(range(len(post_ids)))}))
+    found = con.execute(SAMPLED_POSTS_SQL).fetchall()
+    absent = [post_id for post_id, video_path, _, _ in found if video_path is None]
+    if absent:
+        raise SampleError(f"{len(absent)} sampled post(s) are not in the manifest shards, e.g. {absent[:5]}: "
+                          "rerun the workflow so that labels.parquet and the manifest agree")
+    return [{"post_id": post_id, "video_path": video_path, "caption": caption or "", "transcript": transcript or "",
+             "questions": labelstudio.QUESTIONS_SEPARATOR.join(ids), "pi": float(p), "seed": seed, "design": str(d)}
+            for (post_id, video_path, caption, transcript), p, d in zip(found, pi, design)]
+
+
+def _write_csv(path: str | Path, columns, rows) -> None:
+    with atomic_path(path) as tmp, open(tmp, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(columns), extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+# --------------------------------------------------------------------------------------------
+# Bringing the labels back
+
+def collect(sample_dir: str | Path, export_path: str | Path, output_path: str | Path) -> list[dict[str, Any]]:
+    """The human-labels file for aggregate (config key human_labels): the coders' labels from a Label
+    Studio export, each with its post's pi from ``design.parquet``, plus the burn-in labels
+    (``burn_in_labels.csv``, sampling_probability 1), both in ``sample_dir``. A label on a post that was
+    not drawn for coding is an error: it is outside the design."""
+    sample_dir = Path(sample_dir)
+    design = pq.read_table(sample_dir / "design.parquet", columns=["post_id", "pi", "drawn", "design"])
+    by_post = {row["post_id"]: row for row in design.to_pylist()}
+    export = labelstudio.read_export(export_path).to_pylist()
+    outside = sorted({r["post_id"] for r in export
+                      if r["post_id"] not in by_post or not by_post[r["post_id"]]["drawn"]
+                      or by_post[r["post_id"]]["design"] == DESIGN_BURN_IN})
+    if outside:
+        raise SampleError(f"{export_path}: {len(outside)} labelled post(s) were not drawn for coding in "
+                          f"{sample_dir / 'design.parquet'}, e.g. {outside[:5]}: was the export made from another "
+                          "sample?")
+    changed = sorted({r["post_id"] for r in export
+                      if abs(r["sampling_probability"] - by_post[r["post_id"]]["pi"]) > PI_TOLERANCE})
+    if changed:
+        raise SampleError(f"{export_path}: the pi of {len(changed)} task(s) differs from "
+                          f"{sample_dir / 'design.parquet'}, e.g. {changed[:5]}: was the sample drawn again after the tasks were imported?")
+    rows = [{**r, "sampling_probability": by_post[r["post_id"]]["pi"]} for r in export]
+    with open(sample_dir / "burn_in_labels.csv", newline="", encoding="utf-8") as fh:
+        burn_in = list(csv.DictReader(fh))
+    _write_csv(output_path, HUMAN_LABEL_COLUMNS, rows + burn_in)
+    log.info("%d coder label(s) and %d burn-in label(s) written to %s", len(rows), len(burn_in), output_path)
+    return rows + burn_in
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m vidlabel.label_sample",
+        description="Turn a Label Studio export of the human sample into the human-labels file for aggregate.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("collect", help="export (+ burn-in) -> human labels CSV with sampling probabilities")
+    c.add_argument("export", help="Label Studio export of the tasks (JSON, JSON-MIN or CSV)")
+    c.add_argument("--sample-dir", default="results/label_sample", help="the label_sample rule's output folder")
+    c.add_argument("-o", "--output", required=True, help="CSV to write (point config key human_labels at it)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
+    try:
+        collect(args.sample_dir, args.export, args.output)
+    except (SampleError, labelstudio.ExportError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

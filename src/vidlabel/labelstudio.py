@@ -1,0 +1,193 @@
+"""Label Studio: the labelling config and tasks for a human sample, and reading the coders' export back.
+
+The tasks carry the video, caption and transcript, never the model's answer (a coder who sees it tends
+to agree with it). Each task's data also keeps ``post_id``, ``pi`` (the post's inclusion probability) and
+``questions``, so that every export format carries what the estimate needs.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import urllib.parse
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any, Iterable
+
+import pyarrow as pa
+
+from .prompt import ANSWER_CHOICES
+
+# Columns of read_export's table: one row per annotation and question.
+EXPORT_COLUMNS = ("post_id", "question", "label", "sampling_probability", "annotator")
+# The question ids, in task data and in the flat (CSV, JSON-MIN) exports.
+QUESTIONS_SEPARATOR = ";"
+# Name of the video object in the labelling config; every question's Choices point at it.
+VIDEO_TAG = "video"
+# Fields of a task's data; tasks() writes them.
+TASK_FIELDS = ("post_id", "video", "caption", "transcript", "questions", "pi", "seed", "design")
+# Names a question id cannot take: Label Studio's CSV and JSON-MIN exports put the task's data fields,
+# one column per question and these annotation columns side by side, and tag names must be unique.
+RESERVED_NAMES = frozenset(TASK_FIELDS) | {"id", "annotator", "annotation_id", "created_at", "updated_at",
+                                           "lead_time"}
+
+
+class ExportError(ValueError):
+    """A Label Studio export cannot be read as labels of the sampled posts; the message names the task."""
+
+
+# --------------------------------------------------------------------------------------------
+# Import files
+
+def labelling_config(questions: list[dict[str, Any]]) -> str:
+    """Label Studio labelling config (XML): the video, caption and transcript, then one required
+    single-choice question per question id, headed by the question's text."""
+    clash = reserved_question_ids(q["id"] for q in questions)
+    if clash:
+        raise ValueError(f"question id(s) {clash} are names the Label Studio files use themselves; rename them")
+    view = ET.Element("View")
+    ET.SubElement(view, "Video", name=VIDEO_TAG, value="$video")
+    for field, title in (("caption", "Caption"), ("transcript", "Transcript")):
+        ET.SubElement(view, "Header", value=title, size="5")
+        ET.SubElement(view, "Text", name=field, value=f"${field}")
+    for q in questions:
+        ET.SubElement(view, "Header", value=q["text"], size="4")
+        choices = ET.SubElement(view, "Choices", name=q["id"], toName=VIDEO_TAG, choice="single",
+                                showInline="true", required="true")
+        for choice in ANSWER_CHOICES[q.get("type", "yes/no")]:
+            ET.SubElement(choices, "Choice", value=choice)
+    ET.indent(view)
+    return ET.tostring(view, encoding="unicode") + "\n"
+
+
+def reserved_question_ids(ids: Iterable[str]) -> list[str]:
+    """The question ids that would clash with a tag, a task field or an export column."""
+    return sorted(set(ids) & RESERVED_NAMES)
+
+
+def video_url(template: str, video_path: str, media_root: str) -> str:
+    """The URL Label Studio loads a video from: ``template`` with {relative_path} (to the folder that
+    holds ``media_root``, so it starts with media_root's own name) and {path} (absolute), both
+    URL-quoted. The default template, ``/data/local-files/?d={relative_path}``, is Label Studio's
+    local-files URL with LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT set to that folder and a Local Files
+    storage at media_root (docs/human_labels.md)."""
+    absolute = os.path.realpath(video_path)
+    document_root = os.path.dirname(os.path.realpath(media_root))
+    relative = os.path.relpath(absolute, document_root)
+    return template.format(relative_path=urllib.parse.quote(relative), path=urllib.parse.quote(absolute))
+
+
+def tasks(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Label Studio tasks, one per sampled post; ``rows`` have post_id, video (URL), caption, transcript,
+    questions (ids joined by QUESTIONS_SEPARATOR), pi, seed and design."""
+    return [{"data": {f: ("" if row[f] is None else row[f]) for f in TASK_FIELDS}} for row in rows]
+
+
+# --------------------------------------------------------------------------------------------
+# Export
+
+def read_export(path: str | Path) -> pa.Table:
+    """Coders' labels from a Label Studio export of the tasks: one row per annotation and question.
+
+    Reads the JSON export (list of tasks with ``data`` and ``annotations[].result[]``), the JSON-MIN
+    export and the CSV export (one flat row per annotation; the question columns are the ids in the
+    task's ``questions`` field). Two coders on one post give two rows per question; cancelled
+    (skipped) annotations and unanswered questions give none. ``annotator`` is the coder's email
+    when the export has it, else their user id. Raises ExportError naming the task for a task without
+    post_id or pi and for a question with more than one choice.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ExportError(f"Label Studio export {path} does not exist")
+    if path.suffix.lower() == ".csv":
+        with open(path, newline="", encoding="utf-8") as fh:
+            rows = _flat_rows(list(csv.DictReader(fh)), path)
+    else:
+        try:
+            export = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ExportError(f"Label Studio export {path} is not JSON: {exc}") from None
+        if not isinstance(export, list):
+            raise ExportError(f"Label Studio export {path} is not a list of tasks")
+        full = [t for t in export if isinstance(t, dict) and "data" in t]
+        rows = _json_rows(export, path) if full else _flat_rows(export, path)
+    return pa.table({
+        "post_id": pa.array([r[0] for r in rows], pa.string()),
+        "question": pa.array([r[1] for r in rows], pa.string()),
+        "label": pa.array([r[2] for r in rows], pa.string()),
+        "sampling_probability": pa.array([r[3] for r in rows], pa.float64()),
+        "annotator": pa.array([r[4] for r in rows], pa.string()),
+    })
+
+
+def _task_name(task: dict[str, Any], index: int) -> str:
+    return f"task {task.get('id', '?')} (item {index})"
+
+
+def _post_and_pi(data: dict[str, Any], where: str, path: Path) -> tuple[str, float]:
+    post_id = data.get("post_id")
+    if post_id is None or str(post_id).strip() == "":
+        raise ExportError(f"{path}: {where} has no post_id: was it imported from labelstudio_tasks.json?")
+    try:
+        pi = float(data.get("pi"))
+    except (TypeError, ValueError):
+        raise ExportError(f"{path}: {where} (post {post_id}) has no valid pi ({data.get('pi')!r})") from None
+    if not 0 < pi <= 1:
+        raise ExportError(f"{path}: {where} (post {post_id}) has pi {pi} outside (0, 1]")
+    return str(post_id).strip(), pi
+
+
+def _annotator(completed_by: Any) -> str | None:
+    if isinstance(completed_by, dict):
+        return str(completed_by.get("email") or completed_by.get("id") or "") or None
+    return None if completed_by is None else str(completed_by)
+
+
+def _json_rows(export: list, path: Path) -> list[tuple]:
+    rows = []
+    for index, task in enumerate(export):
+        where = _task_name(task, index) if isinstance(task, dict) else f"item {index}"
+        if not isinstance(task, dict) or not isinstance(task.get("data"), dict):
+            raise ExportError(f"{path}: {where} is not a task with data")
+        post_id, pi = _post_and_pi(task["data"], where, path)
+        for annotation in task.get("annotations") or []:
+            if annotation.get("was_cancelled"):
+                continue
+            annotator = _annotator(annotation.get("completed_by"))
+            for result in annotation.get("result") or []:
+                if result.get("type") != "choices":
+                    continue
+                choices = (result.get("value") or {}).get("choices") or []
+                if len(choices) != 1:
+                    raise ExportError(f"{path}: {where} (post {post_id}), question {result.get('from_name')!r}: "
+                                      f"expected one choice, found {choices}")
+                rows.append((post_id, result.get("from_name"), choices[0], pi, annotator))
+    return rows
+
+
+def _flat_rows(records: list, path: Path) -> list[tuple]:
+    rows = []
+    for index, record in enumerate(records):
+        if not isinstance(record, dict):
+            raise ExportError(f"{path}: item {index} is not a task")
+        where = _task_name(record, index)
+        post_id, pi = _post_and_pi(record, where, path)
+        questions = [q for q in str(record.get("questions") or "").split(QUESTIONS_SEPARATOR) if q]
+        if not questions:
+            raise ExportError(f"{path}: {where} (post {post_id}) has no questions field to name its labels")
+        annotator = record.get("annotator")
+        annotator = None if annotator in (None, "") else str(annotator)
+        for question in questions:
+            label = record.get(question)
+            if label is None or str(label).strip() == "":
+                continue
+            if isinstance(label, dict) and "choices" in label:  # JSON-MIN with choice="multiple"
+                label = label["choices"]
+            if isinstance(label, list):
+                if len(label) != 1:
+                    raise ExportError(f"{path}: {where} (post {post_id}), question {question!r}: "
+                                      f"expected one choice, found {label}")
+                label = label[0]
+            rows.append((post_id, question, str(label).strip(), pi, annotator))
+    return rows

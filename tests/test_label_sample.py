@@ -1,0 +1,403 @@
+"""The human sample: design from the model's confidence, Label Studio files, reading the coders' export back."""
+
+import csv
+import json
+import xml.etree.ElementTree as ET
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import run_snakemake, write_overlay
+from vidlabel import labelstudio, sampling
+from vidlabel.aggregate import load_human_labels
+from vidlabel.config import load
+from vidlabel.label_sample import SampleError, collect, run
+from vidlabel.labelstudio import ExportError, read_export
+
+QUESTIONS = [{"id": "promotes_product", "text": "Does the post promote a product?"},
+             {"id": "sales_interaction", "text": "Does the post suggest a sale & follow-up <now>?"}]
+IDS = [q["id"] for q in QUESTIONS]
+OUTPUTS = ("sample.csv", "design.parquet", "burn_in_labels.csv", "labelstudio_config.xml",
+           "labelstudio_tasks.json")
+
+
+def _config(tmp_path, **label_sample):
+    media = tmp_path / "media"
+    media.mkdir(exist_ok=True)
+    overrides = {"classify": {"questions": QUESTIONS}, "label_sample": label_sample}
+    config_path = tmp_path / "base.yaml"
+    config_path.write_text(json.dumps({"posts": str(tmp_path), "media_root": str(media)}))
+    return load(config_path, overrides)
+
+
+def _results(tmp_path, n_ok=300, n_error=12, n_excluded=5, probabilities=True, seed=0):
+    """labels.parquet (ok posts with answer_probs, failed and excluded posts) and two manifest shards.
+    Returns (labels path, manifest paths, {post_id: (P(yes) per question or None)})."""
+    rng = np.random.default_rng(seed)
+    media = tmp_path / "media"
+    media.mkdir(exist_ok=True)
+    rows, truth = [], {}
+    for i in range(n_ok + n_error + n_excluded):
+        post_id = f"p{i:04d}"
+        status = "ok" if i < n_ok else "error" if i < n_ok + n_error else "excluded"
+        row = {"post_id": post_id, "status": status, "answer_probs": None}
+        if status == "ok":
+            p = rng.beta(0.4, 0.6, size=len(IDS))
+            row.update({qid: "yes" if p_q > 0.5 else "no" for qid, p_q in zip(IDS, p)})
+            row["answer_probs"] = json.dumps({qid: {"yes": float(p_q), "no": float(1 - p_q)} for qid, p_q in zip(IDS, p)})
+            truth[post_id] = p
+        else:
+            row.update({qid: None for qid in IDS})
+            truth[post_id] = None
+        rows.append(row)
+    columns = ["post_id", "status", *IDS] + (["answer_probs"] if probabilities else [])
+    labels = tmp_path / "results" / "labels.parquet"
+    labels.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({c: pa.array([r[c] for r in rows], pa.string()) for c in columns}), labels)
+    classified = [r for r in rows if r["status"] != "excluded"]
+    manifest = []
+    for shard in range(2):
+        part = classified[shard::2]
+        path = tmp_path / "results" / "manifest" / f"shard-{shard}.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({
+            "request_id": [f"r-{r['post_id']}" for r in part],
+            "post_id": [r["post_id"] for r in part],
+            "video_path": [str(media / f"sub dir/{r['post_id']}.mp4") for r in part],
+            "caption": [f"caption of {r['post_id']} ✓" for r in part],
+            "transcript": [None if r["post_id"].endswith("3") else f"said in {r['post_id']}" for r in part],
+        }), path)
+        manifest.append(path)
+    return labels, manifest, truth
+
+
+def _outputs(tmp_path):
+    out = tmp_path / "results" / "label_sample"
+    keys = ("sample", "design", "burn_in", "ls_config", "ls_tasks")
+    return {k: out / name for k, name in zip(keys, OUTPUTS)}
+
+
+def _read_csv(path):
+    with open(path, newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_design_follows_the_model_uncertainty_and_covers_failed_posts(tmp_path):
+    config = _config(tmp_path, budget=60, floor_share=0.2, seed=7)
+    labels, manifest, truth = _results(tmp_path)
+    outputs = _outputs(tmp_path)
+    run(config, labels, manifest, None, outputs)
+
+    design = pq.read_table(outputs["design"]).to_pylist()
+    population = [p for p, t in truth.items() if t is not None or p < "p0312"]
+    assert [r["post_id"] for r in design] == population  # ok and error posts, labels.parquet's order
+    p_yes = np.array([truth[p] if truth[p] is not None else [np.nan] * len(IDS) for p in population])
+    expected_pi = sampling.inclusion_probabilities(sampling.post_uncertainty(p_yes), 60, 0.2)
+    pi = np.array([r["pi"] for r in design])
+    np.testing.assert_allclose(pi, expected_pi)
+    assert pi.sum() == pytest.approx(60)
+    failed = np.array([r["status"] == "error" for r in design])
+    assert failed.sum() == 12 and np.all(pi[failed] >= pi[~failed].max() - 1e-12)
+    assert {r["design"] for r in design} == {"active"}
+    drawn = np.array([r["drawn"] for r in design])
+    np.testing.assert_array_equal(drawn, sampling.draw(expected_pi, 7))
+
+    sample = _read_csv(outputs["sample"])
+    assert list(sample[0]) == ["post_id", "video_path", "caption", "transcript", "questions", "pi", "seed", "design"]
+    by_post = {r["post_id"]: r for r in design}
+    assert sorted(r["post_id"] for r in sample) == sorted(p for p, d in zip(population, drawn) if d)
+    for row in sample:
+        assert float(row["pi"]) == pytest.approx(by_post[row["post_id"]]["pi"])
+        assert row["seed"] == "7" and row["design"] == "active" and row["questions"] == ";".join(IDS)
+        assert row["caption"] == f"caption of {row['post_id']} ✓"
+        assert row["video_path"].endswith(f"sub dir/{row['post_id']}.mp4")
+    assert _read_csv(outputs["burn_in"]) == []
+
+
+def test_label_studio_files_show_every_question_and_point_at_the_videos(tmp_path):
+    config = _config(tmp_path, budget=40)
+    labels, manifest, _ = _results(tmp_path)
+    outputs = _outputs(tmp_path)
+    run(config, labels, manifest, None, outputs)
+
+    view = ET.fromstring(outputs["ls_config"].read_text())
+    assert view.find("Video").get("value") == "$video"
+    choices = view.findall("Choices")
+    assert [c.get("name") for c in choices] == IDS
+    assert all(c.get("toName") == "video" and [x.get("value") for x in c] == ["yes", "no"] for c in choices)
+    headers = [h.get("value") for h in view.findall("Header")]
+    assert all(q["text"] in headers for q in QUESTIONS)  # "&" and "<" survive XML escaping
+
+    tasks = json.loads(outputs["ls_tasks"].read_text())
+    sample = _read_csv(outputs["sample"])
+    assert [t["data"]["post_id"] for t in tasks] == [r["post_id"] for r in sample]
+    for task, row in zip(tasks, sample):
+        assert task["data"]["video"] == f"/data/local-files/?d=media/sub%20dir/{row['post_id']}.mp4"
+        assert task["data"]["pi"] == pytest.approx(float(row["pi"]))
+        assert task["data"]["transcript"] == row["transcript"]
+        assert not set(task["data"]) & set(IDS)  # the model's answers are not shown to coders
+
+
+def test_same_seed_same_sample_other_seed_other_sample(tmp_path):
+    labels, manifest, _ = _results(tmp_path)
+    samples = []
+    for seed in (3, 3, 4):
+        outputs = _outputs(tmp_path)
+        run(_config(tmp_path, budget=50, seed=seed), labels, manifest, None, outputs)
+        samples.append([r["post_id"] for r in _read_csv(outputs["sample"])])
+    assert samples[0] == samples[1]
+    assert samples[0] != samples[2]
+
+
+def test_floor_share_one_draws_a_uniform_sample(tmp_path):
+    labels, manifest, _ = _results(tmp_path)
+    outputs = _outputs(tmp_path)
+    run(_config(tmp_path, budget=31.2, floor_share=1), labels, manifest, None, outputs)
+    design = pq.read_table(outputs["design"]).to_pylist()
+    assert {r["design"] for r in design} == {"uniform"}
+    np.testing.assert_allclose([r["pi"] for r in design], 31.2 / len(design))
+    assert {r["design"] for r in _read_csv(outputs["sample"])} == {"uniform"}
+
+
+def test_without_answer_probs_answered_posts_share_one_uncertainty(tmp_path):
+    labels, manifest, _ = _results(tmp_path, probabilities=False)
+    outputs = _outputs(tmp_path)
+    run(_config(tmp_path, budget=50), labels, manifest, None, outputs)
+    design = pq.read_table(outputs["design"]).to_pylist()
+    ok = [r for r in design if r["status"] == "ok"]
+    failed = [r for r in design if r["status"] == "error"]
+    assert len({round(r["pi"], 12) for r in ok}) == 1
+    # The fallback P(yes) is the question's model share, so u = mean over questions of share(1 - share).
+    answers = pq.read_table(labels).to_pylist()
+    shares = [np.mean([r[q] == "yes" for r in answers if r["status"] == "ok"]) for q in IDS]
+    assert ok[0]["uncertainty"] == pytest.approx(np.mean([s * (1 - s) for s in shares]))
+    assert failed[0]["uncertainty"] == pytest.approx(sampling.MAX_UNCERTAINTY)
+
+
+def test_a_question_without_probabilities_takes_the_model_share(tmp_path):
+    labels, manifest, truth = _results(tmp_path, n_ok=40, n_error=0, n_excluded=0)
+    table = pq.read_table(labels).to_pylist()
+    probs = json.loads(table[0]["answer_probs"])
+    del probs["sales_interaction"]  # left out by vidlabel.confidence
+    table[0]["answer_probs"] = json.dumps(probs)
+    pq.write_table(pa.Table.from_pylist(table, schema=pq.read_schema(labels)), labels)
+    outputs = _outputs(tmp_path)
+    run(_config(tmp_path, budget=10), labels, manifest, None, outputs)
+    share = np.mean([r["sales_interaction"] == "yes" for r in table])
+    p0 = truth["p0000"][0]
+    first = pq.read_table(outputs["design"]).to_pylist()[0]
+    assert first["uncertainty"] == pytest.approx((p0 * (1 - p0) + share * (1 - share)) / 2)
+
+
+def test_unreadable_answer_probs_stop_the_draw(tmp_path):
+    labels, manifest, _ = _results(tmp_path, n_ok=30, n_error=0, n_excluded=0)
+    table = pq.read_table(labels).to_pylist()
+    table[4]["answer_probs"] = "{'promotes_product': {'yes': 0.5}}"  # a Python repr, not JSON
+    pq.write_table(pa.Table.from_pylist(table, schema=pq.read_schema(labels)), labels)
+    with pytest.raises(SampleError, match=r"answer_probs of 1 post\(s\) is not a JSON object.*p0004"):
+        run(_config(tmp_path, budget=5), labels, manifest, None, _outputs(tmp_path))
+
+
+def test_burn_in_posts_are_not_drawn_again_and_count_as_certain(tmp_path):
+    labels, manifest, _ = _results(tmp_path)
+    burn_in = tmp_path / "uniform.csv"
+    coded = [f"p{i:04d}" for i in range(0, 300, 10)]
+    with open(burn_in, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["post_id", "question", "label"])
+        for post_id in coded:
+            writer.writerows([[post_id, "promotes_product", "yes"], [post_id, "sales_interaction", "0"]])
+        writer.writerow(["nobody", "promotes_product", "yes"])  # unknown post: reported, not used
+    outputs = _outputs(tmp_path)
+    run(_config(tmp_path, budget=45, burn_in=str(burn_in)), labels, manifest, burn_in, outputs)
+    design = {r["post_id"]: r for r in pq.read_table(outputs["design"]).to_pylist()}
+    assert all(design[p]["pi"] == 1 and design[p]["design"] == "burn_in" and design[p]["drawn"] for p in coded)
+    others = [r for p, r in design.items() if p not in coded]
+    assert sum(r["pi"] for r in others) == pytest.approx(45)
+    assert not {r["post_id"] for r in _read_csv(outputs["sample"])} & set(coded)
+    burn_rows = _read_csv(outputs["burn_in"])
+    assert len(burn_rows) == 2 * len(coded)
+    assert {(r["question"], r["label"], r["sampling_probability"]) for r in burn_rows} == {
+        ("promotes_product", "yes", "1.0"), ("sales_interaction", "no", "1.0")}
+
+
+def test_budget_larger_than_the_population_is_refused(tmp_path):
+    labels, manifest, _ = _results(tmp_path, n_ok=20, n_error=0, n_excluded=3)
+    with pytest.raises(SampleError, match="label_sample.budget.*20 posts"):
+        run(_config(tmp_path, budget=21), labels, manifest, None, _outputs(tmp_path))
+
+
+def test_unknown_sample_question_is_named(tmp_path):
+    labels, manifest, _ = _results(tmp_path, n_ok=20)
+    with pytest.raises(SampleError, match="label_sample.questions.*'nope'"):
+        run(_config(tmp_path, budget=5, questions=["nope"]), labels, manifest, None, _outputs(tmp_path))
+    config = _config(tmp_path, budget=5)
+    config["classify"]["questions"].append({"id": "pi", "text": "Is it about maths?", "type": "yes/no"})
+    with pytest.raises(SampleError, match=r"\['pi'\] are names the Label Studio files use"):
+        run(config, labels, manifest, None, _outputs(tmp_path))
+
+
+# --------------------------------------------------------------------------------------------
+# Reading the export back
+
+def _annotation(annotation_id, completed_by, labels, cancelled=False, extra=()):
+    result = [{"value": {"choices": [label]}, "id": f"r{annotation_id}{qid}", "from_name": qid, "to_name": "video",
+               "type": "choices", "origin": "manual"} for qid, label in labels.items()]
+    result += list(extra)
+    return {"id": annotation_id, "completed_by": completed_by, "result": result, "was_cancelled": cancelled,
+            "ground_truth": False, "created_at": "2026-11-30T10:00:00.000000Z",
+            "updated_at": "2026-11-30T10:01:00.000000Z", "draft_created_at": None, "lead_time": 61.2,
+            "prediction": {}, "result_count": 0, "unique_id": f"u{annotation_id}", "import_id": None,
+            "last_action": None, "task": 0, "project": 3, "updated_by": 1, "parent_prediction": None,
+            "parent_annotation": None, "last_created_by": None}
+
+
+def _export(tasks_file, annotations_by_post):
+    """A Label Studio JSON export of the imported tasks, as Label Studio writes it."""
+    export = []
+    for inner_id, task in enumerate(json.loads(tasks_file.read_text()), start=1):
+        annotations = annotations_by_post.get(task["data"]["post_id"], [])
+        export.append({"id": 100 + inner_id, "annotations": annotations, "file_upload": "labelstudio_tasks.json",
+                       "drafts": [], "predictions": [], "data": task["data"], "meta": {},
+                       "created_at": "2026-11-30T09:00:00.000000Z", "updated_at": "2026-11-30T10:01:00.000000Z",
+                       "inner_id": inner_id, "total_annotations": len(annotations), "cancelled_annotations": 0,
+                       "total_predictions": 0, "comment_count": 0, "unresolved_comment_count": 0,
+                       "last_comment_updated_at": None, "project": 3, "updated_by": 1, "comment_authors": []})
+    return export
+
+
+@pytest.fixture
+def drawn_sample(tmp_path):
+    labels, manifest, _ = _results(tmp_path)
+    outputs = _outputs(tmp_path)
+    run(_config(tmp_path, budget=30, seed=2), labels, manifest, None, outputs)
+    return labels, outputs, _read_csv(outputs["sample"])
+
+
+def test_json_export_gives_one_row_per_annotation_and_question(tmp_path, drawn_sample):
+    _, outputs, sample = drawn_sample
+    first, second, third = (r["post_id"] for r in sample[:3])
+    comment = {"value": {"text": ["blurry"]}, "from_name": "note", "to_name": "video", "type": "textarea"}
+    annotations = {
+        first: [_annotation(1, 1, {"promotes_product": "yes", "sales_interaction": "no"}, extra=[comment]),
+                _annotation(2, {"id": 2, "email": "coder2@example.org"},
+                            {"promotes_product": "no", "sales_interaction": "no"})],
+        second: [_annotation(3, 1, {}, cancelled=True)],
+        third: [_annotation(4, 2, {"promotes_product": "yes"})],
+    }
+    path = tmp_path / "project-3-at-2026-11-30.json"
+    path.write_text(json.dumps(_export(outputs["ls_tasks"], annotations)))
+    table = read_export(path)
+    assert table.column_names == list(labelstudio.EXPORT_COLUMNS)
+    rows = sorted(tuple(r.values()) for r in table.to_pylist())
+    pi = {r["post_id"]: float(r["pi"]) for r in sample}
+    assert rows == sorted([
+        (first, "promotes_product", "yes", pi[first], "1"), (first, "sales_interaction", "no", pi[first], "1"),
+        (first, "promotes_product", "no", pi[first], "coder2@example.org"),
+        (first, "sales_interaction", "no", pi[first], "coder2@example.org"),
+        (third, "promotes_product", "yes", pi[third], "2")])
+
+
+def test_flat_exports_csv_and_json_min_read_the_same(tmp_path, drawn_sample):
+    _, _, sample = drawn_sample
+    a, b = sample[0], sample[1]
+    flat = [{"id": 7, "post_id": a["post_id"], "pi": a["pi"], "questions": a["questions"], "video": "x",
+             "promotes_product": "yes", "sales_interaction": "no", "annotator": "c1@example.org",
+             "annotation_id": 1, "lead_time": 3.2},
+            {"id": 8, "post_id": b["post_id"], "pi": b["pi"], "questions": b["questions"], "video": "x",
+             "promotes_product": "no", "sales_interaction": "", "annotator": "c2@example.org",
+             "annotation_id": 2, "lead_time": 4.0}]
+    json_min = tmp_path / "export-min.json"
+    json_min.write_text(json.dumps(flat))
+    csv_path = tmp_path / "export.csv"
+    with open(csv_path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(flat[0]))
+        writer.writeheader()
+        writer.writerows(flat)
+    expected = sorted([(a["post_id"], "promotes_product", "yes", float(a["pi"]), "c1@example.org"),
+                       (a["post_id"], "sales_interaction", "no", float(a["pi"]), "c1@example.org"),
+                       (b["post_id"], "promotes_product", "no", float(b["pi"]), "c2@example.org")])
+    for path in (json_min, csv_path):
+        assert sorted(tuple(r.values()) for r in read_export(path).to_pylist()) == expected
+
+
+def test_bad_exports_are_named(tmp_path, drawn_sample):
+    _, outputs, sample = drawn_sample
+    export = _export(outputs["ls_tasks"], {sample[0]["post_id"]: [_annotation(1, 1, {"promotes_product": "yes"})]})
+    broken = json.loads(json.dumps(export))
+    del broken[1]["data"]["post_id"]
+    path = tmp_path / "broken.json"
+    path.write_text(json.dumps(broken))
+    with pytest.raises(ExportError, match=r"task 102 \(item 1\) has no post_id"):
+        read_export(path)
+    two = json.loads(json.dumps(export))
+    two[0]["annotations"][0]["result"][0]["value"]["choices"] = ["yes", "no"]
+    path.write_text(json.dumps(two))
+    with pytest.raises(ExportError, match="promotes_product.*expected one choice"):
+        read_export(path)
+    path.write_text("{not json")
+    with pytest.raises(ExportError, match="not JSON"):
+        read_export(path)
+
+
+def test_collected_labels_carry_pi_and_read_as_weighted_human_labels(tmp_path, drawn_sample):
+    labels, outputs, sample = drawn_sample
+    annotations = {r["post_id"]: [_annotation(i, 1, {"promotes_product": "yes", "sales_interaction": "no"})]
+                   for i, r in enumerate(sample)}
+    export = tmp_path / "export.json"
+    export.write_text(json.dumps(_export(outputs["ls_tasks"], annotations)))
+    human = tmp_path / "human_labels.csv"
+    collect(outputs["design"].parent, export, human)
+    rows = _read_csv(human)
+    assert len(rows) == 2 * len(sample)
+    design = {r["post_id"]: r["pi"] for r in pq.read_table(outputs["design"]).to_pylist()}
+    assert all(float(r["sampling_probability"]) == pytest.approx(design[r["post_id"]]) for r in rows)
+
+    con = duckdb.connect()
+    con.read_parquet(str(labels)).create_view("labels")
+    con.register("q", pa.table({"question": IDS, "position": [0, 1]}))
+    con.execute("CREATE TABLE questions AS SELECT * FROM q")
+    described = load_human_labels(con, human)
+    assert described["weighted"] and described["usable"] == len(rows)
+
+    # A label on a post that was not drawn is outside the design.
+    not_drawn = next(r["post_id"] for r in pq.read_table(outputs["design"]).to_pylist() if not r["drawn"])
+    tampered = json.loads(export.read_text())
+    tampered[0]["data"]["post_id"] = not_drawn
+    export.write_text(json.dumps(tampered))
+    with pytest.raises(SampleError, match=f"not drawn.*{not_drawn}"):
+        collect(outputs["design"].parent, export, tmp_path / "again.csv")
+    # Tasks from an earlier draw of the same posts.
+    tampered = json.loads(json.dumps(_export(outputs["ls_tasks"], annotations)))
+    tampered[1]["data"]["pi"] = tampered[1]["data"]["pi"] / 2
+    export.write_text(json.dumps(tampered))
+    with pytest.raises(SampleError, match=f"pi of 1 task.*{tampered[1]['data']['post_id']}"):
+        collect(outputs["design"].parent, export, tmp_path / "again.csv")
+    assert not (tmp_path / "again.csv").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# The rule
+
+def test_snakemake_label_sample_writes_the_sample(tmp_path):
+    """`snakemake label_sample` on a results folder whose labels.parquet and manifest already exist."""
+    media = tmp_path / "media"
+    media.mkdir()
+    (media / "a.mp4").write_bytes(b"x")
+    (tmp_path / "posts.csv").write_text(f"post_id,video_path,caption\na,{media / 'a.mp4'},\n")
+    _results(tmp_path, n_ok=80, n_error=4, n_excluded=2)
+    write_overlay(tmp_path, tmp_path, {"classify": {"questions": QUESTIONS},
+                                       "label_sample": {"budget": 20, "seed": 5}})
+    proc = run_snakemake(tmp_path, "label_sample", "--allowed-rules", "label_sample", "--cores", "1", timeout=300)
+    out = tmp_path / "results" / "label_sample"
+    for name in OUTPUTS:
+        assert (out / name).is_file(), proc.stdout + proc.stderr
+    sample = _read_csv(out / "sample.csv")
+    design = pq.read_table(out / "design.parquet").to_pylist()
+    assert sum(r["pi"] for r in design) == pytest.approx(20)
+    assert sorted(r["post_id"] for r in sample) == sorted(r["post_id"] for r in design if r["drawn"])
+    assert {r["seed"] for r in sample} == {"5"}
+    assert "drawn for coding" in (tmp_path / "logs" / "label_sample.log").read_text()

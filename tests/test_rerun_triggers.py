@@ -1,0 +1,202 @@
+"""Editing a setting reruns exactly what it touches, and no label survives the settings it was made
+under (the user's story: run, edit, run the same command again). Only the GPU server is stood in.
+
+`snakemake -n` names the jobs a change would run; the real runs count the requests the stand-in got.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from conftest import REPO, run_snakemake, write_overlay
+from standin import read_request_log, standin_command
+from vidlabel import settings as stage_settings
+from vidlabel.config import load
+
+pytestmark = pytest.mark.slow
+
+RULES = {"promotes_product": "buy", "sales_interaction": "link"}
+QUESTIONS = [{"id": "promotes_product", "text": "Does the post promote a product?"},
+             {"id": "sales_interaction", "text": "Does the post suggest a sales interaction?"}]
+
+
+def overlay(workdir, demo_root, **changes) -> None:
+    yes_if = [arg for qid, word in RULES.items() for arg in ("--yes-if", f"{qid}={word}")]
+    classify = {"server_command": standin_command(sys.executable, workdir / "requests.jsonl", *yes_if,
+                                                  "--latency", "0.02"),
+                "questions": QUESTIONS, "shards": 3}
+    classify.update(changes.pop("classify", {}))
+    write_overlay(workdir, demo_root, {"classify": classify, **changes})
+
+
+def planned_jobs(workdir) -> dict[str, int]:
+    """Rule -> jobs that `snakemake -n` would run ('Nothing to be done' -> {})."""
+    out = run_snakemake(workdir, "-n", "--quiet", "rules").stdout
+    jobs = {}
+    for line in out.splitlines():
+        m = re.fullmatch(r"\s*([a-z_]+)\s+(\d+)\s*", line)
+        if m and m.group(1) != "total":
+            jobs[m.group(1)] = int(m.group(2))
+    return jobs
+
+
+def reasons(workdir) -> str:
+    proc = run_snakemake(workdir, "-n")
+    return proc.stdout + proc.stderr
+
+
+def sent(workdir) -> list[str]:
+    """Request ids of the chat requests the stand-in received, in order (smoke requests left out)."""
+    return [e["request_id"] for e in read_request_log(workdir / "requests.jsonl")
+            if e["event"] == "received" and len(e.get("request_id") or "") == 24]
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory, demo_set):
+    """A finished run; each test edits the overlay and puts it back."""
+    workdir = tmp_path_factory.mktemp("rerun")
+    demo_root, _ = demo_set
+    overlay(workdir, demo_root)
+    run_snakemake(workdir)
+    return workdir, demo_root
+
+
+def labels(workdir) -> list[dict]:
+    return pq.read_table(workdir / "results" / "labels.parquet").to_pylist()
+
+
+def test_unchanged_config_reruns_nothing(study):
+    workdir, _ = study
+    assert planned_jobs(workdir) == {}
+
+
+def test_an_operational_setting_reruns_nothing(study):
+    workdir, demo_root = study
+    overlay(workdir, demo_root, classify={"concurrency": 7, "request_timeout_s": 99},
+            inventory={"threads": 3}, transcribe={"threads": 2})
+    try:
+        assert planned_jobs(workdir) == {}
+    finally:
+        overlay(workdir, demo_root)
+
+
+def test_question_text_reruns_manifest_classify_and_after(study):
+    workdir, demo_root = study
+    edited = [dict(QUESTIONS[0], text="Is a product advertised?"), QUESTIONS[1]]
+    overlay(workdir, demo_root, classify={"questions": edited})
+    try:
+        jobs = planned_jobs(workdir)
+        # transcode too: which videos must be re-planned to fit the context depends on the prompt's length.
+        assert jobs == {"transcode": 1, "manifest": 1, "classify": 3, "merge": 1, "aggregate": 1, "all": 1}
+        assert "Params have changed" in reasons(workdir)
+    finally:
+        overlay(workdir, demo_root)
+
+
+def test_model_reruns_manifest_classify_and_after(study):
+    workdir, demo_root = study
+    overlay(workdir, demo_root, classify={"model": "Qwen/Qwen2.5-VL-7B-Instruct"})
+    try:
+        assert planned_jobs(workdir) == {"transcode": 1, "manifest": 1, "classify": 3, "merge": 1, "aggregate": 1,
+                                         "all": 1}
+    finally:
+        overlay(workdir, demo_root)
+
+
+def test_a_planning_value_reruns_transcode_and_after(study):
+    workdir, demo_root = study
+    overlay(workdir, demo_root, planning={"fps": 1, "transcode": {"chunks": 1}})
+    try:
+        jobs = planned_jobs(workdir)
+        assert jobs == {"transcode": 1, "manifest": 1, "classify": 3, "merge": 1, "aggregate": 1, "all": 1}
+    finally:
+        overlay(workdir, demo_root)
+
+
+def test_an_aggregate_value_reruns_the_aggregate_only(study):
+    workdir, demo_root = study
+    overlay(workdir, demo_root, stats={"confidence": 0.9})
+    try:
+        assert planned_jobs(workdir) == {"aggregate": 1, "all": 1}
+    finally:
+        overlay(workdir, demo_root)
+
+
+def test_a_transcription_value_reruns_transcribe_and_after(study):
+    workdir, demo_root = study
+    overlay(workdir, demo_root, transcribe={"beam_size": 2})
+    try:
+        jobs = planned_jobs(workdir)
+        assert jobs == {"transcribe": 2, "manifest": 1, "classify": 3, "merge": 1, "aggregate": 1, "all": 1}
+    finally:
+        overlay(workdir, demo_root)
+
+
+def test_every_stage_declares_what_it_reads():
+    """Reading an undeclared key fails loudly (the e2e runs above go through these views)."""
+    cfg = {"classify": {"model": "m", "concurrency": 3}, "stats": {"confidence": 0.9}}
+    view = stage_settings._build(cfg, ["classify.model"])
+    assert view["classify"]["model"] == "m"
+    with pytest.raises(stage_settings.UndeclaredSetting, match="classify.concurrency"):
+        view["classify"]["concurrency"]
+    with pytest.raises(stage_settings.UndeclaredSetting, match="'stats'"):
+        view.get("stats")
+    with pytest.raises(TypeError):
+        view["classify"]["model"] = "other"
+
+
+def test_user_story_edit_a_question_then_drop_dummy_weights(tmp_path, demo_set):
+    """A trial run with --load-format dummy; edit a question's text and run again: every request is
+    sent again and every label carries the new prompt. Then drop the dummy weights: every request is
+    sent again (random weights' answers are never reused for real weights)."""
+    demo_root, _ = demo_set
+    workdir = tmp_path
+    dummy = {"server_args": "--load-format dummy"}
+    overlay(workdir, demo_root, classify=dummy)
+    run_snakemake(workdir)
+    first = sent(workdir)
+    first_labels = labels(workdir)
+    assert len(set(first)) == len(first) > 0
+    assert {r["prompt_hash"] for r in first_labels if r["status"] == "ok"} == {prompt_hash(workdir)}
+
+    edited = [dict(QUESTIONS[0], text="Is a product advertised?"), QUESTIONS[1]]
+    overlay(workdir, demo_root, classify={"questions": edited, **dummy})
+    run_snakemake(workdir)
+    second = sent(workdir)[len(first):]
+    assert sorted(second) != sorted(first) and len(second) == len(first)  # new request ids, each once
+    hashes = {r["prompt_hash"] for r in labels(workdir) if r["status"] == "ok"}
+    assert hashes == {prompt_hash(workdir)} and hashes != {r["prompt_hash"] for r in first_labels}
+
+    overlay(workdir, demo_root, classify={"questions": edited})
+    run_snakemake(workdir)
+    real = sent(workdir)[len(first) + len(second):]
+    assert sorted(real) == sorted(second)  # other server settings: every request again
+    fingerprints = {r["request_fingerprint"] for r in labels(workdir) if r["status"] == "ok"}
+    assert len(fingerprints) == len(real)
+
+
+def test_more_shards_send_nothing_twice(tmp_path, demo_set):
+    demo_root, _ = demo_set
+    overlay(tmp_path, demo_root)
+    run_snakemake(tmp_path)
+    before = sent(tmp_path)
+    overlay(tmp_path, demo_root, classify={"shards": 4})
+    run_snakemake(tmp_path)
+    assert sent(tmp_path) == before  # re-dealt posts find their answers in the other journals
+    rows = labels(tmp_path)
+    assert {r["shard"] for r in rows if r["shard"] is not None} <= {0, 1, 2, 3}
+    assert all(r["status"] != "ok" or r["promotes_product"] in ("yes", "no") for r in rows)
+
+
+
+
+def prompt_hash(workdir) -> str:
+    """The hash of the template and the questions (with their schema defaults) the run's config has."""
+    with open(workdir / "test-config.yaml") as fh:
+        cfg = load(REPO / "config" / "config.yaml", yaml.safe_load(fh))
+    c = cfg["classify"]
+    return stage_settings.digest([c["prompt_template"], c["questions"]])

@@ -1,0 +1,26 @@
+# `snakemake label_sample`: the posts people code, drawn where the model is unsure, and the Label Studio
+# files to code them (docs/human_labels.md). Not part of `all`: it draws once, before any coding.
+def label_sample_burn_in(wildcards):
+    return [config["label_sample"]["burn_in"]] if config["label_sample"]["burn_in"] else []
+
+
+rule label_sample:
+    input:
+        labels=rules.merge.output[0],
+        manifest=manifest_shards,
+        burn_in=label_sample_burn_in,
+    output:
+        sample=f"{RESULTS}/label_sample/sample.csv",
+        design=f"{RESULTS}/label_sample/design.parquet",
+        burn_in=f"{RESULTS}/label_sample/burn_in_labels.csv",
+        ls_config=f"{RESULTS}/label_sample/labelstudio_config.xml",
+        ls_tasks=f"{RESULTS}/label_sample/labelstudio_tasks.json",
+    params:
+        # Its result settings: editing one reruns this job (vidlabel.settings).
+        settings=vidlabel.settings.fingerprint(config, "label_sample"),
+    log:
+        "logs/label_sample.log",
+    conda:
+        "../../envs/stats.yaml"
+    script:
+        "../../scripts/label_sample.py"
