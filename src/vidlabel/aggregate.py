@@ -40,7 +40,7 @@ import pyarrow as pa
 
 from . import duck, plots, stats
 from .io import write_text
-from .merge import FIXED_COLUMNS, question_ids
+from .merge import FIXED_COLUMNS, PROVENANCE_COLUMNS, question_ids
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,11 @@ FEW_LABELS_FOR_WILSON = 50
 TIMELINE_BINS = 200
 # The SQL moments must reproduce ppi_py; a larger gap means a bug, reported loudly.
 PPI_CROSSCHECK_TOLERANCE = 1e-9
+
+
+# Columns of labels.parquet that older merges did not write: without answer_probs the model's hard
+# answers are the predictions; the provenance columns only feed the provenance section.
+OPTIONAL_LABEL_COLUMNS = ("answer_probs", *PROVENANCE_COLUMNS, "request_fingerprint")
 
 
 class HumanLabelError(ValueError):
@@ -148,7 +153,7 @@ def _columns(con, relation: str) -> list[str]:
 
 def _check_label_columns(con, ids: Sequence[str], labels_path) -> None:
     columns = set(_columns(con, "labels"))
-    missing = [c for c in FIXED_COLUMNS if c not in columns]
+    missing = [c for c in FIXED_COLUMNS if c not in columns and c not in OPTIONAL_LABEL_COLUMNS]
     missing += [q for q in ids if q not in columns]
     if missing:
         raise ValueError(f"{labels_path} lacks column(s) {missing}: was it merged with another question set? "
