@@ -107,7 +107,8 @@ def main() -> None:
                     cell.setdefault("pi_max_over_min", []).append(pi.max(axis=1) / pi.min(axis=1))
             results[(prev, model, "accuracy")] = float(np.mean(acc))
     print(f"reps {args.reps}, N {args.posts:,}, Beta concentration {args.concentration}, floor share "
-          f"{args.floor_share} (burn-in design: {args.burn_in_floor_share}), burn-in share {args.burn_in_share:.3g}, seed {args.seed}; {time.time() - started:.0f} s")
+          f"{args.floor_share} (burn-in design: {args.burn_in_floor_share}), burn-in share {args.burn_in_share:.3g}, "
+          f"seed {args.seed}; {time.time() - started:.0f} s")
     print()
     print("| prevalence | model | accuracy | budget | labels (active, mean) | coverage classical / uniform / active / "
           "burn-in | width classical / uniform / active / burn-in | active / uniform width | burn-in / uniform width "
@@ -120,11 +121,13 @@ def main() -> None:
             # uniform width ~ A n^-b, fitted on the three budgets
             slope, intercept = np.polyfit(np.log(BUDGETS), np.log([c["uniform_width"] for c in mean]), 1)
             for budget, c in zip(BUDGETS, mean):
-                equivalent = [float(np.exp((np.log(c[k]) - intercept) / slope)) for k in ("active_width", "burnin_width")]
+                equivalent = [float(np.exp((np.log(c[k]) - intercept) / slope))
+                              for k in ("active_width", "burnin_width")]
                 print(f"| {prev} | {model} | {results[(prev, model, 'accuracy')]:.3f} | {budget} | {c['labels']:.0f} | "
                       f"{c['classical_cov']:.3f} / {c['uniform_cov']:.3f} / {c['active_cov']:.3f} / "
                       f"{c['burnin_cov']:.3f} | {c['classical_width']:.4f} / {c['uniform_width']:.4f} / "
-                      f"{c['active_width']:.4f} / {c['burnin_width']:.4f} | {c['active_width'] / c['uniform_width']:.3f} | "
+                      f"{c['active_width']:.4f} / {c['burnin_width']:.4f} | "
+                      f"{c['active_width'] / c['uniform_width']:.3f} | "
                       f"{c['burnin_width'] / c['uniform_width']:.3f} | {equivalent[0]:.0f} / {equivalent[1]:.0f} | "
                       f"{1 - budget / equivalent[0]:.0%} / {1 - budget / equivalent[1]:.0%} |")
 

@@ -296,7 +296,8 @@ def test_wilson_bounds_exact_at_the_edges():
     assert np.all((0 <= lo) & (lo <= k / 5000) & (k / 5000 <= hi) & (hi <= 1))
     assert stats.wilson_interval(0, 3, 0.95)[0] == 0.0  # was 5.6e-17
     # a tied label counts 0.5: fractional successes sit between their neighbours
-    assert stats.wilson_interval(2, 10, 0.95) < stats.wilson_interval(2.5, 10, 0.95) < stats.wilson_interval(3, 10, 0.95)
+    two, half, three = (stats.wilson_interval(k, 10, 0.95) for k in (2, 2.5, 3))
+    assert two < half < three
     assert all(math.isnan(x) for x in stats.wilson_interval(0, 0, 0.95))
 
 

@@ -534,8 +534,8 @@ def _prevalence_sentence(r: dict, human: dict | None, c: str) -> str:
                   f"{_pct(r['corrected_hi'])}).")
             if not _is_missing(r.get("uniform_halfwidth")):
                 half = (r["corrected_hi"] - r["corrected_lo"]) / 2
-                s += (f" A uniform random sample of as many posts would have given about ±{_pct(r['uniform_halfwidth'])} "
-                      f"(PPI++) against ±{_pct(half)} here.")
+                s += (" A uniform random sample of as many posts would have given about "
+                      f"±{_pct(r['uniform_halfwidth'])} (PPI++) against ±{_pct(half)} here.")
     if r.get("note"):
         s += f" Note: {r['note']}."
     return s
