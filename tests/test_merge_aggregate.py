@@ -592,3 +592,20 @@ def test_aggregate_reads_a_label_studio_export(tmp_path, monkeypatch):
     p = {r["question"]: r for r in _read_csv(tmp_path / "summary" / "prevalence.csv")}["promotes_product"]
     # two annotators who agree: 30 posts, equal probabilities: a uniform design
     assert p["human_n"] == "30" and p["design"] == "uniform" and _f(p["human_share"]) == pytest.approx(10 / 30)
+
+
+def test_load_human_labels_leaves_the_connection_usable(tmp_path):
+    """label_sample reads a burn-in through load_human_labels and goes on with the connection."""
+    from vidlabel import duck
+
+    labels = _labels_file(tmp_path / "labels.parquet", [{"promotes_product": "yes"}, {"promotes_product": "no"}])
+    human = _write_human(tmp_path / "human.csv", [{"post_id": "p00000", "question": "promotes_product", "label": "yes"},
+                                                   {"post_id": "p00001", "question": "promotes_product", "label": "0"}])
+    con = duck.connect()
+    duck.parquet_view(con, "labels", labels)
+    con.register("questions_arrow", pa.table({"question": ["promotes_product"], "position": [0]}))
+    con.execute("CREATE TABLE questions AS SELECT * FROM questions_arrow")
+    described = aggregate.load_human_labels(con, human)
+    assert described["usable"] == 2 and described["posts"] == 2 and described["design"] == "uniform"
+    rows = con.sql("SELECT post_id, y FROM human_resolved ORDER BY post_id").fetchall()
+    assert rows == [("p00000", 1.0), ("p00001", 0.0)]

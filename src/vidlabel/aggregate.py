@@ -257,7 +257,8 @@ def load_human_labels(con, path: str | Path | None) -> dict[str, Any] | None:
         "SELECT any_value(probability) FROM human_resolved GROUP BY post_id").fetchall()
         if p is not None], dtype=float)
     weighted = probabilities.size > 0 and float(probabilities.max() - probabilities.min()) > 1e-12
-    posts = con.execute("SELECT count(DISTINCT post_id) FROM human_resolved").fetchone()[0]
+    # fetchall, not fetchone: callers go on using the connection, which a half-read result blocks
+    posts = con.execute("SELECT count(DISTINCT post_id) FROM human_resolved").fetchall()[0][0]
     return {"path": str(path), "rows": rows, "usable": usable, "posts": posts,
             "design": "weighted" if weighted else "uniform", "weighted": weighted,
             "has_probability": probability_column is not None,
