@@ -245,3 +245,59 @@ def test_answer_probabilities_and_a_server_that_allows_fewer_logprobs(make_shard
             assert probs[qid][answer] == pytest.approx(0.8) and sum(probs[qid].values()) == pytest.approx(1)
     shard.run(shard.config(top_logprobs=0))  # another request: sent again, without log-probabilities
     assert all(r["answer_probs"] is None for r in shard.check_complete_labels().values())
+
+
+# ---- provenance in labels.parquet and summary.md -------------------------------------------------
+
+def _fabricate(tmp_path, servers, models):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from vidlabel.classify import labels_table
+
+    ids = [f"p{i}" for i in range(len(servers))]
+    pq.write_table(pa.table({"post_id": ids, "video_path": [f"/m/{i}.mp4" for i in ids]}), tmp_path / "inv.parquet")
+    pq.write_table(pa.table({"post_id": pa.array([], pa.string()), "video_path": pa.array([], pa.string()),
+                             "reason": pa.array([], pa.string()), "detail": pa.array([], pa.string())}),
+                   tmp_path / "excluded.parquet")
+    records = [{"request_id": f"r{i}", "post_id": pid, "status": "ok", "attempts": 1, "sends": 1,
+                "answers": {"q": "yes" if i % 2 else "no"}, "answer_probs": {"q": {"yes": 0.7, "no": 0.3}},
+                "prompt_tokens": 100, "completion_tokens": 9, "started_at": 1.0 + i, "finished_at": 2.0 + i,
+                "latency_s": 1.0, "model": model, "server": server, "settings_fingerprint": "s1",
+                "prompt_hash": "h1", "request_fingerprint": f"f{i}"}
+               for i, (pid, server, model) in enumerate(zip(ids, servers, models))]
+    pq.write_table(labels_table(records, 0), tmp_path / "shard-0.parquet")
+
+
+def _config():
+    from vidlabel.config import validate
+
+    return validate({"posts": "posts.csv", "media_root": "/m",
+                     "classify": {"questions": [{"id": "q", "text": "Q?"}]}})
+
+
+def test_labels_and_summary_say_what_made_them_and_mixtures_are_loud(tmp_path, caplog):
+    from vidlabel import aggregate, merge
+
+    _fabricate(tmp_path, ["vLLM 0.26.0, model a"] * 3 + ["vLLM 0.27.0, model a"], ["m"] * 4)
+    out = tmp_path / "labels.parquet"
+    with caplog.at_level(logging.WARNING, logger="vidlabel.merge"):
+        merge.merge(_config(), tmp_path / "inv.parquet", tmp_path / "excluded.parquet",
+                    [tmp_path / "shard-0.parquet"], out)
+    assert any("2 provenances" in r.getMessage() for r in caplog.records)
+    import pyarrow.parquet as pq
+    rows = pq.read_table(out).to_pylist()
+    assert {r["server"] for r in rows} == {"vLLM 0.26.0, model a", "vLLM 0.27.0, model a"}
+    assert all(r["model"] == "m" and r["prompt_hash"] == "h1" for r in rows)
+    aggregate.run(_config(), out, None, tmp_path / "summary")
+    summary = (tmp_path / "summary" / "summary.md").read_text()
+    assert "## Provenance" in summary and "WARNING: the answers come from 2 different servers" in summary
+    assert "3 requests answered by vLLM 0.26.0, model a for model `m`" in summary
+
+
+def test_merge_refuses_labels_of_two_models(tmp_path):
+    from vidlabel import merge
+
+    _fabricate(tmp_path, ["vLLM 0.26.0, model a"] * 4, ["m", "m", "other", "m"])
+    with pytest.raises(merge.MergeError, match="more than one model or question set"):
+        merge.merge(_config(), tmp_path / "inv.parquet", tmp_path / "excluded.parquet",
+                    [tmp_path / "shard-0.parquet"], tmp_path / "labels.parquet")

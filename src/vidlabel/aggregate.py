@@ -40,7 +40,8 @@ import pyarrow as pa
 
 from . import duck, plots, stats
 from .io import write_text
-from .merge import FIXED_COLUMNS, PROVENANCE_COLUMNS, question_ids
+from .merge import FIXED_COLUMNS, PROVENANCE_COLUMNS, provenance_counts, question_ids
+from .settings import fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -132,10 +133,20 @@ def run(config: dict[str, Any], labels_path: str | Path, human_labels_path: str 
 
 
 def provenance_section(con, config: dict[str, Any]) -> list[str]:
-    """Lines of summary.md's provenance section (model, server, settings fingerprint, prompt hash
-    from the labels' provenance columns); empty until that section is written. ``summary_markdown``
-    places it after the errors."""
-    return []
+    """Lines of summary.md's provenance section: what made the answers (model, server, classify
+    settings and prompt fingerprints, from the labels' provenance columns), loudly when more than one
+    thing did. ``summary_markdown`` places it after the errors."""
+    rows = provenance_counts(con)
+    if not rows:
+        return ["labels.parquet carries no provenance (merged before vidlabel recorded it): rerun the merge."]
+    lines = [f"- {n:,} requests answered by {server or 'an unknown server'} for model `{model}`, classify "
+             f"settings `{settings}`, prompt `{prompt}`" for model, server, settings, prompt, n in rows]
+    if len(rows) > 1:
+        lines.insert(0, f"**WARNING: the answers come from {len(rows)} different servers or settings** (listed "
+                        "below; each row of labels.parquet names its own). Rerun classify under one setting "
+                        "if they must not be mixed.")
+    return lines + ["", f"The settings of this summary: `{fingerprint(config, 'aggregate')}` "
+                        "(each job's log prints its settings in full)."]
 
 
 # --------------------------------------------------------------------------------------------

@@ -49,15 +49,19 @@ def _answer_columns(ids: Iterable[str]) -> str:
         for qid in ids)
 
 
-def provenance_counts(con, labels_path: str | Path) -> list[tuple]:
-    """(model, server, settings_fingerprint, prompt_hash, answers) of the answered posts, most first."""
-    duck.parquet_view(con, "merged_labels", labels_path)
+def provenance_counts(con) -> list[tuple]:
+    """(model, server, settings_fingerprint, prompt_hash, answers) of view ``labels``'s answered and
+    failed requests, most first (a labels.parquet older than the provenance columns: none)."""
+    columns = {r[0] for r in con.execute("DESCRIBE labels").fetchall()}
+    if not set(PROVENANCE_COLUMNS) <= columns:
+        return []
     return con.execute(duck.sql("provenance")).fetchall()
 
 
 def check_provenance(con, labels_path: str | Path) -> None:
     """Answers of one question set and model only; several servers or settings are said loudly."""
-    rows = provenance_counts(con, labels_path)
+    duck.parquet_view(con, "labels", labels_path)
+    rows = provenance_counts(con)
     if len({(r[0], r[3]) for r in rows}) > 1:
         raise MergeError("labels come from more than one model or question set: "
                          + "; ".join(f"{n} from model {m}, prompt {p}" for m, _, _, p, n in rows)

@@ -1,6 +1,6 @@
--- What made the answers of labels.parquet (view merged_labels): one row per provenance, most answers first.
+-- What made the answers of a labels.parquet (view labels): one row per provenance, most answers first.
 SELECT model, server, settings_fingerprint, prompt_hash, count(*) AS answers
-FROM merged_labels
+FROM labels
 WHERE status IN ('ok', 'error') AND model IS NOT NULL
 GROUP BY ALL
 ORDER BY answers DESC, server, settings_fingerprint
