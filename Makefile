@@ -23,7 +23,7 @@ $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip wheel
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[test,speed]" "tiktoken>=0.7" "numba>=0.59" "more-itertools>=10"
+	$(BIN)/pip install -q -e ".[test,speed,bench]" "tiktoken>=0.7" "numba>=0.59" "more-itertools>=10"
 	$(BIN)/pip install -q --no-deps "openai-whisper>=20240930"
 	touch $@
 

@@ -168,7 +168,7 @@ def test_one_server_per_copy_with_its_gpus_and_balanced_requests(tmp_path, monke
     assert len(labels) == 24 and {r["status"] for r in labels} == {"ok"}
     logs = {i: (tmp_path / f"server.copy-{i}.log").read_text() for i in (0, 1)}
     assert "CUDA_VISIBLE_DEVICES 4," in logs[0] and "CUDA_VISIBLE_DEVICES 5," in logs[1]
-    assert all("tensor 1 x data 1, api servers 2" in text for text in logs.values())  # 16 CPUs / 2 copies
+    assert all("tensor 1 x data 1, api servers 4" in text for text in logs.values())  # 16 CPUs / 2 copies / 2
     events = [e for e in read_request_log(log) if not (e["request_id"] or "").startswith("smoke-")]
     by_server: dict[int, list] = {}
     for e in events:
