@@ -63,6 +63,8 @@ WHERE answer_probs IS NOT NULL
 # The resolved burn-in labels (table human_resolved of aggregate.load_human_labels): one y per post
 # and question, 0.5 for a tie.
 BURN_IN_RESOLVED_SQL = "SELECT post_id, question, y FROM human_resolved"
+# The questions a burn-in labels (usable rows of human_checked).
+BURN_IN_QUESTIONS_SQL = "SELECT DISTINCT question FROM human_checked WHERE issue IS NULL ORDER BY question"
 # Caption, transcript and the original video of the sampled posts, from the manifest shards.
 SAMPLED_POSTS_SQL = """
 SELECT s.post_id, m.video_path, m.caption, m.transcript
@@ -188,8 +190,7 @@ def burn_in_rows(con, post_ids: list[str], pi: np.ndarray, burn_in: np.ndarray, 
     burn-in alone)."""
     burn_posts = [post_ids[i] for i in np.flatnonzero(burn_in)]
     burn_pi = pi[burn_in]
-    questions = [q for (q,) in con.execute("SELECT DISTINCT question FROM human_checked WHERE issue IS NULL")
-                 .fetchall()]
+    questions = [q for (q,) in con.execute(BURN_IN_QUESTIONS_SQL).fetchall()]
     alone = float(burn_in.sum()) / burn_in.size
     probability = [(post_id, question, float(p) if question in ids else alone)
                    for post_id, p in zip(burn_posts, burn_pi) for question in questions]
