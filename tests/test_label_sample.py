@@ -11,10 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import run_snakemake, write_overlay
-from vidlabel import labelstudio, sampling
+from vidlabel import aggregate, labelstudio, sampling
 from vidlabel.aggregate import load_human_labels
 from vidlabel.config import load
-from vidlabel.label_sample import SampleError, collect, run
+from vidlabel.label_sample import FLOOR_SHARE_ACTIVE, FLOOR_SHARE_AFTER_BURN_IN, SampleError, collect, run
 from vidlabel.labelstudio import ExportError, read_export
 
 QUESTIONS = [{"id": "promotes_product", "text": "Does the post promote a product?"},
@@ -56,7 +56,17 @@ def _results(tmp_path, n_ok=300, n_error=12, n_excluded=5, probabilities=True, s
     columns = ["post_id", "status", *IDS] + (["answer_probs"] if probabilities else [])
     labels = tmp_path / "results" / "labels.parquet"
     labels.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({c: pa.array([r[c] for r in rows], pa.string()) for c in columns}), labels)
+    table = {c: pa.array([r[c] for r in rows], pa.string()) for c in columns}
+    # The rest of merge's columns, so that aggregate reads the same file.
+    n, ok = len(rows), [r["status"] == "ok" for r in rows]
+    table.update({"shard": pa.array([0] * n, pa.int64()),
+                  "error_kind": pa.array([None if o else "timeout" for o in ok], pa.string()),
+                  "error": pa.array([None] * n, pa.string()),
+                  "prompt_tokens": pa.array([1000 if o else None for o in ok], pa.int64()),
+                  "completion_tokens": pa.array([20 if o else None for o in ok], pa.int64()),
+                  "latency_s": [1.0] * n, "started_at": [float(i) for i in range(n)],
+                  "finished_at": [i + 1.0 for i in range(n)]})
+    pq.write_table(pa.table(table), labels)
     classified = [r for r in rows if r["status"] != "excluded"]
     manifest = []
     for shard in range(2):
@@ -201,27 +211,136 @@ def test_unreadable_answer_probs_stop_the_draw(tmp_path):
         run(_config(tmp_path, budget=5), labels, manifest, None, _outputs(tmp_path))
 
 
-def test_burn_in_posts_are_not_drawn_again_and_count_as_certain(tmp_path):
-    labels, manifest, _ = _results(tmp_path)
-    burn_in = tmp_path / "uniform.csv"
-    coded = [f"p{i:04d}" for i in range(0, 300, 10)]
-    with open(burn_in, "w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["post_id", "question", "label"])
-        for post_id in coded:
-            writer.writerows([[post_id, "promotes_product", "yes"], [post_id, "sales_interaction", "0"]])
-        writer.writerow(["nobody", "promotes_product", "yes"])  # unknown post: reported, not used
+def _burn_in_file(path, coded, extra=()):
+    """A uniform burn-in in human-label format: every post of ``coded`` labelled on both questions by
+    one coder, then ``extra`` rows (second coders, adjudications, ...). Returns the path."""
+    rng = np.random.default_rng(11)
+    rows = [{"post_id": post_id, "question": qid, "label": ["yes", "no", "1", "0"][rng.integers(4)],
+             "adjudication": ""} for post_id in coded for qid in IDS]
+    rows += [{"adjudication": "", **r} for r in extra]
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=["post_id", "question", "label", "adjudication"])
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def _resolved(path, post_ids):
+    """Resolved labels of a human-label file by the rule aggregate states (docs/statistics.md),
+    computed here from the rows: adjudication if any, else the majority, 0.5 for a tie."""
+    votes = {}
+    for r in _read_csv(path):
+        if r["post_id"] in post_ids:
+            votes.setdefault((r["post_id"], r["question"]), []).append(r)
+    out = {}
+    for key, rows in votes.items():
+        adjudicated = [r["adjudication"] in ("yes", "1") for r in rows if r["adjudication"]]
+        vote = np.mean(adjudicated) if adjudicated else np.mean([r["label"] in ("yes", "1") for r in rows])
+        out[key] = 1.0 if vote > 0.5 else 0.0 if vote < 0.5 else 0.5
+    return out
+
+
+def _model_p_yes(truth, post_ids):
+    return np.array([truth[p] if truth[p] is not None else [np.nan] * len(IDS) for p in post_ids])
+
+
+def test_burn_in_design_recalibrates_on_resolved_labels_and_records_union_probabilities(tmp_path):
+    labels, manifest, truth = _results(tmp_path)
+    coded = [f"p{i:04d}" for i in range(0, 312, 8)] + ["p0301"]  # 40 posts, one failed post among them
+    tie, adjudicated = coded[1], coded[2]
+    first = {(r["post_id"], r["question"]): r["label"] for r in _read_csv(_burn_in_file(tmp_path / "b.csv", coded))}
+    flip = {"yes": "no", "1": "no", "no": "yes", "0": "yes"}
+    burn_in = _burn_in_file(tmp_path / "uniform.csv", coded, extra=[
+        # a second coder who disagrees: a tie, 0.5
+        {"post_id": tie, "question": "promotes_product", "label": flip[first[(tie, "promotes_product")]]},
+        # two coders disagree, the adjudication decides
+        {"post_id": adjudicated, "question": "sales_interaction",
+         "label": flip[first[(adjudicated, "sales_interaction")]]},
+        {"post_id": adjudicated, "question": "sales_interaction", "label": "",
+         "adjudication": flip[first[(adjudicated, "sales_interaction")]]},
+        {"post_id": "nobody", "question": "promotes_product", "label": "yes"}])  # unknown post: not used
     outputs = _outputs(tmp_path)
-    run(_config(tmp_path, budget=45, burn_in=str(burn_in)), labels, manifest, burn_in, outputs)
-    design = {r["post_id"]: r for r in pq.read_table(outputs["design"]).to_pylist()}
-    assert all(design[p]["pi"] == 1 and design[p]["design"] == "burn_in" and design[p]["drawn"] for p in coded)
-    others = [r for p, r in design.items() if p not in coded]
-    assert sum(r["pi"] for r in others) == pytest.approx(45)
-    assert not {r["post_id"] for r in _read_csv(outputs["sample"])} & set(coded)
+    config = _config(tmp_path, budget=45, seed=4, burn_in=str(burn_in))
+    assert config["label_sample"]["floor_share"] is None  # the schema default: chosen by design
+    run(config, labels, manifest, burn_in, outputs)
+
+    design = pq.read_table(outputs["design"]).to_pylist()
+    post_ids = [r["post_id"] for r in design]
+    mask = np.array([p in coded for p in post_ids])
+    resolved = _resolved(burn_in, set(post_ids))
+    assert resolved[(tie, "promotes_product")] == 0.5
+    assert resolved[(adjudicated, "sales_interaction")] == (1.0 if flip[first[(adjudicated, "sales_interaction")]]
+                                                             == "yes" else 0.0)
+    y = np.array([[resolved[(p, q)] for q in IDS] for p in post_ids if p in coded])
+    expected_pi, expected_draw = sampling.burn_in_design(_model_p_yes(truth, post_ids), mask, y, len(coded) + 45,
+                                                         FLOOR_SHARE_AFTER_BURN_IN)
+    pi = np.array([r["pi"] for r in design])
+    np.testing.assert_allclose(pi, expected_pi)
+    np.testing.assert_allclose([r["pi_draw"] for r in design], expected_draw)
+    assert pi[~mask].sum() > 45 and np.all(pi[mask] < 1)  # union probabilities, not 1 for the burn-in
+    # The tie enters the recalibration as 0.5: leaving it out gives another design.
+    y_without_tie = y.copy()
+    y_without_tie[list(np.flatnonzero(mask)).index(post_ids.index(tie)), 0] = np.nan
+    other, _ = sampling.burn_in_design(_model_p_yes(truth, post_ids), mask, y_without_tie, len(coded) + 45,
+                                       FLOOR_SHARE_AFTER_BURN_IN)
+    assert not np.allclose(other, pi)
+    drawn = np.array([r["drawn"] for r in design])
+    np.testing.assert_array_equal(drawn, mask | sampling.draw(expected_draw, 4))
+    assert [r["design"] for r in design] == ["burn_in" if m else "after_burn_in" for m in mask]
+
+    sample = _read_csv(outputs["sample"])
+    assert sorted(r["post_id"] for r in sample) == sorted(p for p, d, m in zip(post_ids, drawn, mask) if d and not m)
+    by_post = {r["post_id"]: r for r in design}
+    assert all(float(r["pi"]) == pytest.approx(by_post[r["post_id"]]["pi"]) and r["design"] == "after_burn_in"
+               for r in sample)
+
+    # Every usable burn-in row, coder by coder, with its post's union pi; aggregate resolves them again.
     burn_rows = _read_csv(outputs["burn_in"])
-    assert len(burn_rows) == 2 * len(coded)
-    assert {(r["question"], r["label"], r["sampling_probability"]) for r in burn_rows} == {
-        ("promotes_product", "yes", "1.0"), ("sales_interaction", "no", "1.0")}
+    source = [r for r in _read_csv(burn_in) if r["post_id"] != "nobody"]
+    assert [(r["post_id"], r["question"], r["adjudication"]) for r in burn_rows] == [
+        (r["post_id"], r["question"], r["adjudication"]) for r in source]
+    assert [r["label"] for r in burn_rows] == [{"1": "yes", "0": "no"}.get(r["label"], r["label"]) for r in source]
+    assert all(float(r["sampling_probability"]) == pytest.approx(by_post[r["post_id"]]["pi"]) for r in burn_rows)
+    assert _resolved(outputs["burn_in"], set(post_ids)) == resolved
+
+
+def test_burn_in_labels_of_a_question_not_coded_again_keep_the_burn_in_probability(tmp_path):
+    labels, manifest, _ = _results(tmp_path)
+    coded = [f"p{i:04d}" for i in range(0, 300, 10)]
+    burn_in = _burn_in_file(tmp_path / "uniform.csv", coded)
+    outputs = _outputs(tmp_path)
+    run(_config(tmp_path, budget=30, burn_in=str(burn_in), questions=["promotes_product"]), labels, manifest,
+        burn_in, outputs)
+    design = {r["post_id"]: r["pi"] for r in pq.read_table(outputs["design"]).to_pylist()}
+    rows = _read_csv(outputs["burn_in"])
+    assert {r["question"] for r in rows} == set(IDS)
+    for r in rows:  # the new draw codes promotes_product only: sales_interaction's sample is the burn-in
+        expected = design[r["post_id"]] if r["question"] == "promotes_product" else len(coded) / len(design)
+        assert float(r["sampling_probability"]) == pytest.approx(expected)
+
+
+def test_a_weighted_or_unlabelled_burn_in_is_refused(tmp_path):
+    labels, manifest, _ = _results(tmp_path, n_ok=60, n_error=0, n_excluded=0)
+    weighted = tmp_path / "weighted.csv"
+    weighted.write_text("post_id,question,label,sampling_probability\n"
+                        "p0001,promotes_product,yes,0.5\np0002,promotes_product,no,0.1\n")
+    with pytest.raises(SampleError, match="label_sample.burn_in.*varying sampling_probability.*uniform sample"):
+        run(_config(tmp_path, budget=10), labels, manifest, weighted, _outputs(tmp_path))
+    other_question = tmp_path / "other.csv"
+    other_question.write_text("post_id,question,label\np0001,sales_interaction,yes\n")
+    with pytest.raises(SampleError, match=r"label_sample.burn_in.*question 0.*\['promotes_product'\]"):
+        run(_config(tmp_path, budget=10, questions=["promotes_product"]), labels, manifest, other_question,
+            _outputs(tmp_path))
+
+
+def test_floor_share_null_takes_the_floor_of_the_design(tmp_path):
+    labels, manifest, truth = _results(tmp_path)
+    outputs = _outputs(tmp_path)
+    run(_config(tmp_path, budget=50), labels, manifest, None, outputs)
+    design = pq.read_table(outputs["design"]).to_pylist()
+    u = sampling.post_uncertainty(_model_p_yes(truth, [r["post_id"] for r in design]))
+    np.testing.assert_allclose([r["pi"] for r in design], sampling.inclusion_probabilities(u, 50, FLOOR_SHARE_ACTIVE))
+    assert FLOOR_SHARE_ACTIVE == 0.4 and FLOOR_SHARE_AFTER_BURN_IN == 0.2  # docs/human_labels.md's figures
 
 
 def test_budget_larger_than_the_population_is_refused(tmp_path):
@@ -377,6 +496,60 @@ def test_collected_labels_carry_pi_and_read_as_weighted_human_labels(tmp_path, d
     with pytest.raises(SampleError, match=f"pi of 1 task.*{tampered[1]['data']['post_id']}"):
         collect(outputs["design"].parent, export, tmp_path / "again.csv")
     assert not (tmp_path / "again.csv").exists()
+
+
+@pytest.mark.parametrize("burn_in, floor, design, method", [
+    (False, None, "weighted", "active estimator"),   # active, floor 0.4
+    (True, None, "weighted", "active estimator"),    # burn-in, then active, floor 0.2
+    (False, 1, "uniform", "PPI++"),                  # a uniform sample
+    (True, 1, "uniform", "PPI++"),                   # a uniform burn-in, then a uniform draw
+])
+def test_collected_labels_are_read_by_aggregate_as_the_drawn_design(tmp_path, burn_in, floor, design, method):
+    labels, manifest, _ = _results(tmp_path)
+    coded = [f"p{i:04d}" for i in range(3, 300, 12)]
+    burn_in_path = _burn_in_file(tmp_path / "uniform.csv", coded) if burn_in else None
+    outputs = _outputs(tmp_path)
+    config = _config(tmp_path, budget=40, seed=9, floor_share=floor, burn_in=str(burn_in_path) if burn_in else None)
+    run(config, labels, manifest, burn_in_path, outputs)
+    sample = _read_csv(outputs["sample"])
+    rng = np.random.default_rng(3)
+    annotations = {r["post_id"]: [_annotation(i, 1, {q: ["yes", "no"][rng.integers(2)] for q in IDS})]
+                   for i, r in enumerate(sample)}
+    export = tmp_path / "export.json"
+    export.write_text(json.dumps(_export(outputs["ls_tasks"], annotations)))
+    human = tmp_path / "human_labels.csv"
+    collected = collect(outputs["design"].parent, export, human)
+    assert len(collected) == 2 * (len(sample) + (len(coded) if burn_in else 0))
+
+    aggregate.run(config, labels, human, tmp_path / "summary")
+    prevalence = {r["question"]: r for r in _read_csv(tmp_path / "summary" / "prevalence.csv")}
+    pi = {r["post_id"]: r["pi"] for r in pq.read_table(outputs["design"]).to_pylist()}
+    for qid in IDS:
+        row = prevalence[qid]
+        assert row["design"] == design and row["corrected_method"].startswith(method)
+        labelled = [(float(r["label"] == "yes"), pi[r["post_id"]]) for r in _read_csv(human) if r["question"] == qid]
+        assert int(row["human_n"]) == len(labelled)
+        y, p = np.array(labelled).T
+        # Hajek with the design's pi (the plain mean when pi is constant): the estimator saw these probabilities
+        assert float(row["human_share"]) == pytest.approx((y / p).sum() / (1 / p).sum())
+
+
+def test_collect_refuses_burn_in_labels_of_another_draw(tmp_path):
+    labels, manifest, _ = _results(tmp_path)
+    burn_in = _burn_in_file(tmp_path / "uniform.csv", [f"p{i:04d}" for i in range(0, 300, 10)])
+    outputs = _outputs(tmp_path)
+    run(_config(tmp_path, budget=30, burn_in=str(burn_in)), labels, manifest, burn_in, outputs)
+    export = tmp_path / "export.json"
+    export.write_text(json.dumps(_export(outputs["ls_tasks"], {})))
+    rows = _read_csv(outputs["burn_in"])
+    rows[0]["post_id"] = "p0001"  # not a burn-in post of design.parquet
+    with open(outputs["burn_in"], "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    with pytest.raises(SampleError, match=r"burn_in_labels.csv: 1 post\(s\) are not burn-in posts.*p0001"):
+        collect(outputs["design"].parent, export, tmp_path / "human.csv")
+    assert not (tmp_path / "human.csv").exists()
 
 
 # --------------------------------------------------------------------------------------------

@@ -8,10 +8,13 @@ the files to code it in Label Studio (rule ``label_sample``; docs/human_labels.m
   post without an answer (status error) has no P(yes): ``sampling.post_uncertainty`` counts it as
   maximally uncertain, so failed posts, which are part of the population, are drawn more often.
 - Design: ``sampling.inclusion_probabilities`` (budget, floor share) and ``sampling.draw`` (seed); pi is
-  fixed here, before any label is seen, and kept for every post in ``design.parquet``.
-- Burn-in: posts of an existing human sample (``label_sample.burn_in``) are already coded; given that
-  sample they are labelled with certainty (pi = 1) and the budget goes to the other posts. Their
-  labels enter the estimate with sampling_probability 1 (``collect``).
+  fixed here, before any new label is seen, and kept for every post in ``design.parquet``.
+- Burn-in: an existing uniform human sample (``label_sample.burn_in``). ``sampling.burn_in_design``
+  recalibrates each question's P(yes) on its resolved labels (``human_resolved``: adjudication, else
+  majority; a tie is 0.5 and enters the fit as 0.5, the value the estimator gives it), spreads the
+  budget over the other posts (drawn with ``pi_draw``), and gives every post its inclusion
+  probability in the union of the two samples. That union probability is every labelled post's
+  ``sampling_probability``, burn-in posts included (``burn_in_labels.csv``, ``collect``).
 """
 
 from __future__ import annotations
@@ -36,9 +39,16 @@ from .merge import question_ids
 log = logging.getLogger(__name__)
 
 SAMPLE_COLUMNS = ("post_id", "video_path", "caption", "transcript", "questions", "pi", "seed", "design")
-HUMAN_LABEL_COLUMNS = labelstudio.EXPORT_COLUMNS
+# The human-labels file (aggregate's format); adjudication carries a burn-in's adjudicated labels.
+HUMAN_LABEL_COLUMNS = (*labelstudio.EXPORT_COLUMNS, "adjudication")
 # design.parquet / sample.csv: how a post came into the human sample.
 DESIGN_ACTIVE, DESIGN_UNIFORM, DESIGN_BURN_IN = "active", "uniform", "burn_in"
+DESIGN_AFTER_BURN_IN = "after_burn_in"  # drawn by sampling.burn_in_design after a burn-in
+# label_sample.floor_share null: the floor the simulations support for each design (docs/human_labels.md,
+# docs/statistics.md): 0.4 for an active design on the raw model probabilities, 0.2 after a burn-in
+# (the recalibration, not the floor, then guards against an uninformative model).
+FLOOR_SHARE_ACTIVE = 0.4
+FLOOR_SHARE_AFTER_BURN_IN = 0.2
 # A task's pi (written as JSON or CSV text) may differ from design.parquet's by rounding only.
 PI_TOLERANCE = 1e-9
 # The choice whose probability drives the design (yes/no questions).
@@ -50,12 +60,11 @@ SELECT post_id FROM labels
 WHERE answer_probs IS NOT NULL
   AND coalesce(json_type(TRY_CAST(CAST(answer_probs AS VARCHAR) AS JSON)) <> 'OBJECT', true)
 """
-# The usable rows of a burn-in sample (table human_checked of aggregate.load_human_labels).
-BURN_IN_LABELS_SQL = """
-SELECT post_id, question, CASE WHEN y = 1 THEN 'yes' ELSE 'no' END AS label,
-       1.0 AS sampling_probability, CAST(NULL AS VARCHAR) AS annotator
-FROM human_checked WHERE issue IS NULL ORDER BY line
-"""
+# The resolved burn-in labels (table human_resolved of aggregate.load_human_labels): one y per post
+# and question, 0.5 for a tie.
+BURN_IN_RESOLVED_SQL = "SELECT post_id, question, y FROM human_resolved"
+# The questions a burn-in labels (usable rows of human_checked).
+BURN_IN_QUESTIONS_SQL = "SELECT DISTINCT question FROM human_checked WHERE issue IS NULL ORDER BY question"
 # Caption, transcript and the original video of the sampled posts, from the manifest shards.
 SAMPLED_POSTS_SQL = """
 SELECT s.post_id, m.video_path, m.caption, m.transcript
@@ -135,23 +144,61 @@ def p_yes(probabilities: np.ndarray, answers: np.ndarray, ok: np.ndarray, ids: l
     return out
 
 
-def burn_in_labels(con, path: str | Path, ids: list[str], all_ids: list[str]) -> pa.Table:
-    """The usable labels of an existing human sample (human-label format, checked as aggregate checks
-    it), with sampling_probability 1: given that sample, its posts are coded with certainty."""
+def floor_share(settings: dict[str, Any], burn_in: bool) -> float:
+    """``label_sample.floor_share``, or when it is null the floor of the design in use."""
+    if settings["floor_share"] is not None:
+        return float(settings["floor_share"])
+    return FLOOR_SHARE_AFTER_BURN_IN if burn_in else FLOOR_SHARE_ACTIVE
+
+
+def read_burn_in(con, path: str | Path, ids: list[str], all_ids: list[str],
+                 post_ids: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """An existing uniform human sample, checked as aggregate checks human labels: (N,) mask of its
+    posts in the population and (n0, Q) resolved labels for the sampled questions ``ids`` (NaN where
+    a post has none, 0.5 for a tie). Leaves tables human_checked / human_resolved on ``con``."""
     con.register("questions_arrow", pa.table({"question": all_ids, "position": list(range(len(all_ids)))}))
     con.execute("CREATE OR REPLACE TABLE questions AS SELECT * FROM questions_arrow")
     described = load_human_labels(con, path)
     if not described["usable"]:
         raise SampleError(f"config key 'label_sample.burn_in': {path} has no usable human label")
-    table = con.sql(BURN_IN_LABELS_SQL).to_arrow_table()
-    posts = set(table.column("post_id").to_pylist())
-    coded = con.execute("SELECT post_id, count(DISTINCT question) FROM human_valid WHERE question IN "
-                        f"({', '.join(duck.literal(q) for q in ids)}) GROUP BY post_id").fetchall()
-    partial = len(posts) - sum(1 for _, n in coded if n == len(ids))
+    if described["weighted"]:
+        raise SampleError(f"config key 'label_sample.burn_in': {path} has varying sampling_probability; a "
+                          "burn-in must be a uniform sample (its inclusion probability is taken as n0/N)")
+    position = {post_id: i for i, post_id in enumerate(post_ids)}
+    q_index = {qid: q for q, qid in enumerate(ids)}
+    resolved = con.execute(BURN_IN_RESOLVED_SQL).fetchall()
+    outside = sorted({post_id for post_id, _, _ in resolved if post_id not in position})
+    if outside:  # load_human_labels already drops unknown and excluded posts: a bug if reached
+        raise SampleError(f"burn-in: {len(outside)} labelled post(s) are not classified posts, e.g. {outside[:5]}")
+    burn_in = np.zeros(len(post_ids), dtype=bool)
+    burn_in[[position[post_id] for post_id, _, _ in resolved]] = True
+    row = {i: r for r, i in enumerate(np.flatnonzero(burn_in))}
+    y = np.full((int(burn_in.sum()), len(ids)), np.nan)
+    for post_id, question, label in resolved:
+        if question in q_index:
+            y[row[position[post_id]], q_index[question]] = label
+    partial = int((~np.isfinite(y)).any(axis=1).sum())
     if partial:
         log.warning("burn-in: %d of %d posts lack a label for some sampled question; they are not coded again",
-                    partial, len(posts))
-    return table
+                    partial, y.shape[0])
+    return burn_in, y
+
+
+def burn_in_rows(con, post_ids: list[str], pi: np.ndarray, burn_in: np.ndarray, ids: list[str]) -> pa.Table:
+    """The burn-in's usable rows in human-label format, each with its sampling probability: the post's
+    union pi for a sampled question, n0/N for a question the new draw does not code (its sample is the
+    burn-in alone)."""
+    burn_posts = [post_ids[i] for i in np.flatnonzero(burn_in)]
+    burn_pi = pi[burn_in]
+    questions = [q for (q,) in con.execute(BURN_IN_QUESTIONS_SQL).fetchall()]
+    alone = float(burn_in.sum()) / burn_in.size
+    probability = [(post_id, question, float(p) if question in ids else alone)
+                   for post_id, p in zip(burn_posts, burn_pi) for question in questions]
+    con.register("burn_in_probability", pa.table({
+        "post_id": pa.array([r[0] for r in probability], pa.string()),
+        "question": pa.array([r[1] for r in probability], pa.string()),
+        "sampling_probability": pa.array([r[2] for r in probability], pa.float64())}))
+    return con.sql(duck.sql("label_sample_burn_in")).to_arrow_table()
 
 
 def run(config: dict[str, Any], labels_path: str | Path, manifest_paths: list[str | Path],
@@ -165,31 +212,40 @@ def run(config: dict[str, Any], labels_path: str | Path, manifest_paths: list[st
     duck.parquet_view(con, "labels", labels_path, file_row_number=True)
     post_ids, status, probabilities, answers = read_population(con, ids)
     ok = status == "ok"
-    uncertainty = sampling.post_uncertainty(p_yes(probabilities, answers, ok, ids))
+    model_p_yes = p_yes(probabilities, answers, ok, ids)
+    uncertainty = sampling.post_uncertainty(model_p_yes)
+    budget, seed = float(settings["budget"]), int(settings["seed"])
+    floor = floor_share(settings, bool(burn_in_path))
 
     burn_in = np.zeros(len(post_ids), dtype=bool)
-    burn_in_table = pa.table({c: pa.array([], pa.float64() if c == "sampling_probability" else pa.string())
-                              for c in HUMAN_LABEL_COLUMNS})
     if burn_in_path:
-        burn_in_table = burn_in_labels(con, burn_in_path, ids, question_ids(config))
-        coded = set(burn_in_table.column("post_id").to_pylist())
-        burn_in = np.fromiter((p in coded for p in post_ids), dtype=bool, count=len(post_ids))
-        log.info("burn-in: %d posts already coded (pi = 1), from %s", int(burn_in.sum()), burn_in_path)
-    _write_csv(outputs["burn_in"], HUMAN_LABEL_COLUMNS, burn_in_table.to_pylist())
+        burn_in, y_burn_in = read_burn_in(con, burn_in_path, ids, question_ids(config), post_ids)
     candidates = ~burn_in
-    budget, floor_share, seed = float(settings["budget"]), float(settings["floor_share"]), int(settings["seed"])
     if budget > candidates.sum():
         raise SampleError(f"config key 'label_sample.budget': {budget:g} is more than the {int(candidates.sum())} "
                           "posts left to sample")
-    pi = np.ones(len(post_ids))
-    pi[candidates] = sampling.inclusion_probabilities(uncertainty[candidates], budget, floor_share)
-    drawn = burn_in.copy()
-    drawn[candidates] = sampling.draw(pi[candidates], seed)
-    uniform = np.ptp(pi[candidates]) <= 1e-12 * pi[candidates].max()
-    design = np.where(burn_in, DESIGN_BURN_IN, DESIGN_UNIFORM if uniform else DESIGN_ACTIVE)
+    if burn_in.any():
+        # The budget counts the posts to code now; burn_in_design's budget counts the burn-in as well.
+        try:
+            pi, pi_draw = sampling.burn_in_design(model_p_yes, burn_in, y_burn_in, burn_in.sum() + budget, floor)
+        except ValueError as exc:
+            raise SampleError(f"config key 'label_sample.burn_in': {burn_in_path}: {exc} "
+                              f"(questions in order: {ids})") from None
+        design = np.where(burn_in, DESIGN_BURN_IN, DESIGN_AFTER_BURN_IN)
+        log.info("burn-in: %d posts already coded, from %s; P(yes) recalibrated on their labels", int(burn_in.sum()),
+                 burn_in_path)
+        burn_in_table = burn_in_rows(con, post_ids, pi, burn_in, ids)
+    else:
+        pi = pi_draw = sampling.inclusion_probabilities(uncertainty, budget, floor)
+        uniform = np.ptp(pi) <= 1e-12 * pi.max()
+        design = np.full(len(post_ids), DESIGN_UNIFORM if uniform else DESIGN_ACTIVE)
+        burn_in_table = pa.table({c: pa.array([], pa.float64() if c == "sampling_probability" else pa.string())
+                                  for c in HUMAN_LABEL_COLUMNS})
+    _write_csv(outputs["burn_in"], HUMAN_LABEL_COLUMNS, burn_in_table.to_pylist())
+    drawn = burn_in | sampling.draw(pi_draw, seed)
 
     write_parquet(pa.table({"post_id": pa.array(post_ids, pa.string()), "status": pa.array(status.tolist()),
-                            "uncertainty": uncertainty, "pi": pi, "drawn": drawn,
+                            "uncertainty": uncertainty, "pi": pi, "pi_draw": pi_draw, "drawn": drawn,
                             "design": pa.array(design.tolist(), pa.string())}), outputs["design"])
     new = np.flatnonzero(drawn & candidates)
     new = new[np.random.default_rng((seed, 1)).permutation(new.size)]  # coding order: a stop part-way is random
@@ -199,11 +255,11 @@ def run(config: dict[str, Any], labels_path: str | Path, manifest_paths: list[st
         row["video"] = labelstudio.video_url(settings["video_url"], row["video_path"], config["media_root"])
     write_text(labelstudio.labelling_config(questions), outputs["ls_config"])
     write_text(json.dumps(labelstudio.tasks(rows), ensure_ascii=False, indent=1) + "\n", outputs["ls_tasks"])
-    share = pi[candidates]
+    share = pi_draw[candidates]
     log.info("%s design over %d posts (%d ok, %d failed): %d drawn for coding (budget %g, floor share %g, seed %d); "
-             "pi min %.4g, median %.4g, max %.4g", design[candidates][0] if candidates.any() else "no",
+             "drawn with pi min %.4g, median %.4g, max %.4g", design[candidates][0] if candidates.any() else "no",
              int(candidates.sum()), int((ok & candidates).sum()), int((~ok & candidates).sum()), new.size, budget,
-             floor_share, seed, share.min(), float(np.median(share)), share.max())
+             floor, seed, share.min(), float(np.median(share)), share.max())
 
 
 def _sample_rows(con, manifest_paths, post_ids, pi, design, ids, seed) -> list[dict[str, Any]]:
@@ -233,8 +289,9 @@ def _write_csv(path: str | Path, columns, rows) -> None:
 def collect(sample_dir: str | Path, export_path: str | Path, output_path: str | Path) -> list[dict[str, Any]]:
     """The human-labels file for aggregate (config key human_labels): the coders' labels from a Label
     Studio export, each with its post's pi from ``design.parquet``, plus the burn-in labels
-    (``burn_in_labels.csv``, sampling_probability 1), both in ``sample_dir``. A label on a post that was
-    not drawn for coding is an error: it is outside the design."""
+    (``burn_in_labels.csv``, with their own sampling probabilities), both in ``sample_dir``. A label on
+    a post that was not drawn for coding is an error: it is outside the design; so is a burn-in file
+    that does not match ``design.parquet``."""
     sample_dir = Path(sample_dir)
     design = pq.read_table(sample_dir / "design.parquet", columns=["post_id", "pi", "drawn", "design"])
     by_post = {row["post_id"]: row for row in design.to_pylist()}
@@ -250,10 +307,17 @@ def collect(sample_dir: str | Path, export_path: str | Path, output_path: str | 
                       if abs(r["sampling_probability"] - by_post[r["post_id"]]["pi"]) > PI_TOLERANCE})
     if changed:
         raise SampleError(f"{export_path}: the pi of {len(changed)} task(s) differs from "
-                          f"{sample_dir / 'design.parquet'}, e.g. {changed[:5]}: was the sample drawn again after the tasks were imported?")
+                          f"{sample_dir / 'design.parquet'}, e.g. {changed[:5]}: was the sample drawn again after "
+                          "the tasks were imported?")
     rows = [{**r, "sampling_probability": by_post[r["post_id"]]["pi"]} for r in export]
     with open(sample_dir / "burn_in_labels.csv", newline="", encoding="utf-8") as fh:
         burn_in = list(csv.DictReader(fh))
+    foreign = sorted({r["post_id"] for r in burn_in
+                      if r["post_id"] not in by_post or by_post[r["post_id"]]["design"] != DESIGN_BURN_IN})
+    if foreign:
+        raise SampleError(f"{sample_dir / 'burn_in_labels.csv'}: {len(foreign)} post(s) are not burn-in posts of "
+                          f"{sample_dir / 'design.parquet'}, e.g. {foreign[:5]}: the two files come from different "
+                          "draws")
     _write_csv(output_path, HUMAN_LABEL_COLUMNS, rows + burn_in)
     log.info("%d coder label(s) and %d burn-in label(s) written to %s", len(rows), len(burn_in), output_path)
     return rows + burn_in
