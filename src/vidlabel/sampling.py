@@ -145,7 +145,7 @@ def recalibrate(p_yes: np.ndarray, p_burnin: np.ndarray, y_burnin: np.ndarray, p
 
 def burn_in_design(p_yes: np.ndarray, burn_in: np.ndarray, y_burn_in: np.ndarray, budget: float,
                    floor_share: float, penalty: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-    """Active design after a uniform burn-in: (sampling_probability of every post, recalibrated P(yes)).
+    """Active design after a uniform burn-in: (sampling_probability of every post, pi_active).
 
     ``p_yes``: (N, Q) or (N,) model probabilities; ``burn_in``: (N,) bool, the posts of a uniform
     burn-in sample (already labelled); ``y_burn_in``: their labels, (n0, Q) or (n0,), NaN where
