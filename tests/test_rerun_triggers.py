@@ -69,69 +69,32 @@ def labels(workdir) -> list[dict]:
     return pq.read_table(workdir / "results" / "labels.parquet").to_pylist()
 
 
-def test_unchanged_config_reruns_nothing(study):
-    workdir, _ = study
-    assert planned_jobs(workdir) == {}
+# From classify on, every stage after an edit that reaches the requests (3 shards).
+FROM_CLASSIFY = {"classify": 3, "merge": 1, "aggregate": 1, "all": 1}
+EDITED_QUESTIONS = [dict(QUESTIONS[0], text="Is a product advertised?"), QUESTIONS[1]]
 
 
-def test_an_operational_setting_reruns_nothing(study):
+@pytest.mark.parametrize("edit, expected", [
+    ({}, {}),
+    # Operational settings change how a stage runs, never what it writes.
+    ({"classify": {"concurrency": 7, "request_timeout_s": 99}, "inventory": {"threads": 3},
+      "transcribe": {"threads": 2}}, {}),
+    # transcode too: which videos must be re-planned to fit the context depends on the prompt's length.
+    ({"classify": {"questions": EDITED_QUESTIONS}}, {"transcode": 1, "manifest": 1, **FROM_CLASSIFY}),
+    ({"classify": {"model": "Qwen/Qwen2.5-VL-7B-Instruct"}}, {"transcode": 1, "manifest": 1, **FROM_CLASSIFY}),
+    ({"planning": {"fps": 1, "transcode": {"chunks": 1}}}, {"transcode": 1, "manifest": 1, **FROM_CLASSIFY}),
+    ({"transcribe": {"beam_size": 2}}, {"transcribe": 2, "manifest": 1, **FROM_CLASSIFY}),
+    ({"classify": {"server_args": "--enforce-eager"}}, FROM_CLASSIFY),
+    ({"stats": {"confidence": 0.9}}, {"aggregate": 1, "all": 1}),
+], ids=["nothing", "operational", "question-text", "model", "planning", "transcription", "server-args",
+        "aggregate-only"])
+def test_an_edit_reruns_exactly_the_stages_it_touches(study, edit, expected):
     workdir, demo_root = study
-    overlay(workdir, demo_root, classify={"concurrency": 7, "request_timeout_s": 99},
-            inventory={"threads": 3}, transcribe={"threads": 2})
+    overlay(workdir, demo_root, **edit)
     try:
-        assert planned_jobs(workdir) == {}
-    finally:
-        overlay(workdir, demo_root)
-
-
-def test_question_text_reruns_manifest_classify_and_after(study):
-    workdir, demo_root = study
-    edited = [dict(QUESTIONS[0], text="Is a product advertised?"), QUESTIONS[1]]
-    overlay(workdir, demo_root, classify={"questions": edited})
-    try:
-        jobs = planned_jobs(workdir)
-        # transcode too: which videos must be re-planned to fit the context depends on the prompt's length.
-        assert jobs == {"transcode": 1, "manifest": 1, "classify": 3, "merge": 1, "aggregate": 1, "all": 1}
-        assert "Params have changed" in reasons(workdir)
-    finally:
-        overlay(workdir, demo_root)
-
-
-def test_model_reruns_manifest_classify_and_after(study):
-    workdir, demo_root = study
-    overlay(workdir, demo_root, classify={"model": "Qwen/Qwen2.5-VL-7B-Instruct"})
-    try:
-        assert planned_jobs(workdir) == {"transcode": 1, "manifest": 1, "classify": 3, "merge": 1, "aggregate": 1,
-                                         "all": 1}
-    finally:
-        overlay(workdir, demo_root)
-
-
-def test_a_planning_value_reruns_transcode_and_after(study):
-    workdir, demo_root = study
-    overlay(workdir, demo_root, planning={"fps": 1, "transcode": {"chunks": 1}})
-    try:
-        jobs = planned_jobs(workdir)
-        assert jobs == {"transcode": 1, "manifest": 1, "classify": 3, "merge": 1, "aggregate": 1, "all": 1}
-    finally:
-        overlay(workdir, demo_root)
-
-
-def test_an_aggregate_value_reruns_the_aggregate_only(study):
-    workdir, demo_root = study
-    overlay(workdir, demo_root, stats={"confidence": 0.9})
-    try:
-        assert planned_jobs(workdir) == {"aggregate": 1, "all": 1}
-    finally:
-        overlay(workdir, demo_root)
-
-
-def test_a_transcription_value_reruns_transcribe_and_after(study):
-    workdir, demo_root = study
-    overlay(workdir, demo_root, transcribe={"beam_size": 2})
-    try:
-        jobs = planned_jobs(workdir)
-        assert jobs == {"transcribe": 2, "manifest": 1, "classify": 3, "merge": 1, "aggregate": 1, "all": 1}
+        assert planned_jobs(workdir) == expected
+        if expected:
+            assert "Params have changed" in reasons(workdir)
     finally:
         overlay(workdir, demo_root)
 

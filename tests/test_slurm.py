@@ -468,9 +468,15 @@ def local_rules() -> set[str]:
             for name in re.split(r"[,\s]+", names) if name}
 
 
-def labels_by_post(workdir: Path) -> dict[str, dict]:
+# Each test's stand-in command differs (faults, barriers), and so do the fingerprints of the settings
+# and requests that name it; the answers and everything else must not.
+COMMAND_FINGERPRINTS = ("settings_fingerprint", "request_fingerprint")
+
+
+def labels_by_post(workdir: Path, ignore: tuple[str, ...] = ()) -> dict[str, dict]:
     rows = pq.read_table(workdir / "results" / "labels.parquet").to_pylist()
-    return {r["post_id"]: {k: v for k, v in r.items() if k not in TIMING_COLUMNS} for r in rows}
+    left_out = TIMING_COLUMNS | set(COMMAND_FINGERPRINTS) | set(ignore)
+    return {r["post_id"]: {k: v for k, v in r.items() if k not in left_out} for r in rows}
 
 
 def journal_ok_ids(path: Path) -> set[str]:
@@ -705,8 +711,10 @@ def test_crashed_shard_is_resubmitted_and_resumes_in_the_same_run(crash_with_ret
 def slow_once_command(workdir: Path, latency: float = 25) -> str:
     """The stand-in; the first server to start answers slowly (``latency`` s per request) and leaves
     its SLURM job ID in ``workdir/slow-once/job``; every later server answers at once."""
-    slow = standin_command(sys.executable, workdir / "requests.jsonl", *YES_IF, "--latency", str(latency))
-    fast = standin_command(sys.executable, workdir / "requests.jsonl", *YES_IF, "--latency", "0.05")
+    slow = standin_command(sys.executable, workdir / "requests.jsonl", *YES_IF, "--latency", str(latency),
+                           faults_name="slow")
+    fast = standin_command(sys.executable, workdir / "requests.jsonl", *YES_IF, "--latency", "0.05",
+                           faults_name="fast")
     marker = shlex.quote(str(workdir / "slow-once"))
     script = (f"if mkdir {marker} 2>/dev/null; then echo $SLURM_JOB_ID > {marker}/job.tmp && "
               f"mv {marker}/job.tmp {marker}/job && exec {slow}; else exec {fast}; fi")
@@ -1070,5 +1078,8 @@ def test_each_server_copy_is_bound_to_its_own_granted_gpu(copies_run, local_refe
     # Requests were spread over the copies, and the results are those of the local profile.
     servers = {e["pid"] for e in read_request_log(workdir / "requests.jsonl") if e["event"] == "completed"}
     assert len(servers) == 8
-    assert labels_by_post(workdir) == labels_by_post(local_reference)
+    # Another model name (it sizes the layout), so another model and server identity in the provenance.
+    ignore = ("model", "server")
+    assert labels_by_post(workdir, ignore) == labels_by_post(local_reference, ignore)
+    assert {r["model"] for r in labels_by_post(workdir).values() if r["status"] == "ok"} == {"standin-7B"}
 

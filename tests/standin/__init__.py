@@ -15,7 +15,8 @@ def _quote_for_template(text: str) -> str:
     return shlex.quote(str(text)).replace("{", "{{").replace("}", "}}")
 
 
-def standin_command(python: str | None = None, request_log: str | Path | None = None, *faults: str) -> str:
+def standin_command(python: str | None = None, request_log: str | Path | None = None, *faults: str,
+                    faults_name: str = "faults") -> str:
     """A ``classify.server_command`` template that launches the stand-in instead of ``vllm serve``.
 
     ``faults`` are extra stand-in arguments, e.g. ``"--yes-if", "promotes_product=buy"``,
@@ -28,7 +29,8 @@ def standin_command(python: str | None = None, request_log: str | Path | None = 
     if request_log is not None:
         # The faults go to a file beside the request log, so that a rerun with other faults (or none)
         # runs the same server command, as a user's rerun does, and reuses the journaled answers.
-        faults_file = Path(request_log).with_suffix(".faults.json")
+        # Two commands of one test that differ in their faults need two names (``faults_name``).
+        faults_file = Path(request_log).with_suffix(f".{faults_name}.json")
         faults_file.parent.mkdir(parents=True, exist_ok=True)
         faults_file.write_text(json.dumps([str(f) for f in faults]))
         parts += ["--request-log", _quote_for_template(request_log),
