@@ -472,6 +472,8 @@ def variant_config(args, name: str) -> tuple[str, dict]:
             c["api_server_count"] = int(m.group(1))
         elif m := re.fullmatch(r"conc(\d+)", word):
             c["concurrency"] = int(m.group(1))
+        elif m := re.fullmatch(r"lp(\d+)", word):
+            c["top_logprobs"] = int(m.group(1))
         elif m := re.fullmatch(r"mbt(\d+)", word):
             c["max_num_batched_tokens"] = int(m.group(1))
         elif m := re.fullmatch(r"tp(\d+)", word):
