@@ -27,7 +27,7 @@ instead, to try the script without a GPU). Steps:
              dash-joined words: ``default``, ``transcoded``, ``apiN`` (API servers), ``concN`` (client
              concurrency per copy), ``tpN`` / ``dpN`` (tensor or data parallel instead of ``auto``),
              ``dpvllm`` (copies served by vLLM's --data-parallel-size), ``eager`` (--enforce-eager),
-             ``mbtN`` (--max-num-batched-tokens N); ``@anything`` at the end only names the run
+             ``mbtN`` (--max-num-batched-tokens N), ``lpN`` (classify.top_logprobs N; lp0: none); ``@anything`` at the end only names the run
              (``default-@72b-4gpu``). A rerun of the same workdir resumes unfinished variants from
              their journals and skips finished ones.
 ``estimate`` ``vidlabel.estimate.run`` (the pilot and projection of ``snakemake estimate``) on the
