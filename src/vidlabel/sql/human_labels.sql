@@ -5,6 +5,14 @@
 -- questions(question, position), labels. The placeholders are generated: the question column
 -- name, the sampling-probability and adjudication columns (NULL when the file has none) and
 -- whether the probability column exists.
+-- A label as 1/0: yes/no, y/n, true/false, or a number equal to 1 or 0 ("1", "1.0", "1.00", "0e0", ...).
+CREATE OR REPLACE TEMP MACRO label_value(label_text) AS CASE
+    WHEN label_text IN ('yes', 'y', 'true', 't') THEN 1.0
+    WHEN label_text IN ('no', 'n', 'false', 'f') THEN 0.0
+    WHEN TRY_CAST(label_text AS DOUBLE) = 1 THEN 1.0
+    WHEN TRY_CAST(label_text AS DOUBLE) = 0 THEN 0.0
+END;
+
 CREATE OR REPLACE TABLE human_checked AS
 WITH raw AS (
     SELECT
@@ -20,19 +28,8 @@ WITH raw AS (
 parsed AS (
     SELECT
         raw.*,
-        -- yes/no, y/n, true/false, or a number equal to 1 or 0 ("1", "1.0", "1.00", "0e0", ...)
-        CASE
-            WHEN label_text IN ('yes', 'y', 'true', 't') THEN 1.0
-            WHEN label_text IN ('no', 'n', 'false', 'f') THEN 0.0
-            WHEN TRY_CAST(label_text AS DOUBLE) = 1 THEN 1.0
-            WHEN TRY_CAST(label_text AS DOUBLE) = 0 THEN 0.0
-        END AS y,
-        CASE
-            WHEN adjudication_text IN ('yes', 'y', 'true', 't') THEN 1.0
-            WHEN adjudication_text IN ('no', 'n', 'false', 'f') THEN 0.0
-            WHEN TRY_CAST(adjudication_text AS DOUBLE) = 1 THEN 1.0
-            WHEN TRY_CAST(adjudication_text AS DOUBLE) = 0 THEN 0.0
-        END AS adjudicated,
+        label_value(label_text) AS y,
+        label_value(adjudication_text) AS adjudicated,
         TRY_CAST(probability_text AS DOUBLE) AS probability,
         l.status AS post_status
     FROM raw
