@@ -22,6 +22,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [f"{workflow.basedir}/sr
 # Fail before any job: a bad key or a bad posts table is reported with the key / rows at fault.
 import vidlabel.config
 import vidlabel.inventory
+import vidlabel.models
 import vidlabel.planning
 import vidlabel.settings
 import vidlabel.slurm
@@ -29,7 +30,7 @@ import vidlabel.slurm
 vidlabel.config.validate(config, f"{workflow.basedir}/workflow/schemas/config.schema.yaml")
 if workflow.is_main_process:
     vidlabel.inventory.load_posts(config["posts"], config["media_root"])
-    if not config["classify"]["endpoints"]:
+    if vidlabel.models.own_servers(config):
         vidlabel.planning.allowed_media_path(config)  # the one directory the server may read
     # The SLURM plugin would keep a job cancelled with scancel ("CANCELLED by <uid>") running for ever.
     vidlabel.slurm.read_failure_states_by_base_name()
@@ -49,4 +50,6 @@ include: "workflow/rules/label_sample.smk"
 
 rule all:
     input:
-        rules.aggregate.output,
+        expand(rules.aggregate.output.summary, model=MODELS),
+        # The models side by side, when there are several (docs/models.md).
+        rules.compare.output if len(MODELS) > 1 else [],

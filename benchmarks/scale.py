@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from vidlabel import config as cfgmod  # noqa: E402
+from vidlabel import config as cfgmod, models  # noqa: E402
 
 STAGES = ["data", "manifest", "labels", "merge", "aggregate", "posts_check", "dryrun", "dryrun_done"]
 GOAL_STAGES = ("manifest", "merge", "aggregate")
@@ -69,14 +69,15 @@ def make_config(workdir: Path, shards: int, chunks: int) -> dict:
 def paths(workdir: Path, config: dict) -> dict:
     """Every file a stage reads or writes, where the Snakefile puts it."""
     res = Path(config["results"])
+    model = res / "models" / models.names(config)[0]
     return {
         "posts": Path(config["posts"]), "media": Path(config["media_root"]),
         "inventory": res / "inventory.parquet",
         "transcripts": [res / "transcripts" / f"chunk-{i}.parquet" for i in range(config["transcribe"]["chunks"])],
         "manifest": [res / "manifest" / f"shard-{i}.parquet" for i in range(config["classify"]["shards"])],
         "excluded": res / "manifest" / "excluded.parquet", "plan": res / "manifest" / "plan.csv",
-        "label_shards": [res / "labels" / f"shard-{i}.parquet" for i in range(config["classify"]["shards"])],
-        "labels": res / "labels.parquet", "human": Path(config["human_labels"]), "summary": res / "summary",
+        "label_shards": [model / "labels" / f"shard-{i}.parquet" for i in range(config["classify"]["shards"])],
+        "labels": model / "labels.parquet", "human": Path(config["human_labels"]), "summary": model / "summary",
     }
 
 

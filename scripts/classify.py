@@ -4,6 +4,6 @@ from vidlabel.logs import configure
 from vidlabel.settings import for_job
 
 configure(snakemake.log[0])
-config = for_job(snakemake.config, "classify")
+config = for_job(snakemake.config, "classify", snakemake.wildcards.model)
 run_shard(config, snakemake.input[0], snakemake.output[0], snakemake.params.journal,
           snakemake.params.server_log, int(snakemake.wildcards.shard))

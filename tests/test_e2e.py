@@ -15,7 +15,7 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import run_snakemake, write_overlay
+from conftest import model_dir, run_snakemake, write_overlay
 from standin import read_request_log, standin_command
 
 pytestmark = pytest.mark.slow
@@ -65,7 +65,7 @@ def test_until_transcribe_stops_there_with_spoken_words(transcribed):
     workdir, info = transcribed
     results = workdir / "results"
     assert (results / "inventory.parquet").exists()
-    assert not (results / "manifest").exists() and not (results / "labels").exists()
+    assert not (results / "manifest").exists() and not (results / "models").exists()
     chunks = sorted((results / "transcripts").glob("chunk-*.parquet"))
     assert len(chunks) == 2
     rows = [r for c in chunks for r in pq.read_table(c).to_pylist()]
@@ -87,7 +87,7 @@ def test_until_transcribe_stops_there_with_spoken_words(transcribed):
 def test_every_valid_post_labelled_by_the_rule(finished):
     workdir, info = finished
     results = workdir / "results"
-    labels = {r["post_id"]: r for r in pq.read_table(results / "labels.parquet").to_pylist()}
+    labels = {r["post_id"]: r for r in pq.read_table(model_dir(results) / "labels.parquet").to_pylist()}
     assert set(labels) == set(info)  # one row per post, none lost, none invented
     manifest = {r["post_id"]: r for s in sorted((results / "manifest").glob("shard-*.parquet"))
                 for r in pq.read_table(s).to_pylist()}
@@ -124,9 +124,9 @@ def test_each_request_sent_once_with_file_urls_and_key(finished):
 def test_summary_numbers_recomputed(finished):
     workdir, info = finished
     results = workdir / "results"
-    labels = pq.read_table(results / "labels.parquet").to_pylist()
+    labels = pq.read_table(model_dir(results) / "labels.parquet").to_pylist()
 
-    with open(results / "summary" / "prevalence.csv") as fh:
+    with open(model_dir(results) / "summary" / "prevalence.csv") as fh:
         prevalence = {r["question"]: r for r in csv.DictReader(fh)}
     for qid in RULES:
         answered = [r[qid] for r in labels if r["status"] == "ok" and r[qid] is not None]
@@ -135,17 +135,17 @@ def test_summary_numbers_recomputed(finished):
         assert int(row["yes"]) == answered.count("yes")
         assert float(row["model_share"]) == pytest.approx(answered.count("yes") / len(answered))
 
-    with open(results / "summary" / "tokens.csv") as fh:
+    with open(model_dir(results) / "summary" / "tokens.csv") as fh:
         tokens = {r["direction"]: r for r in csv.DictReader(fh)}
     prompt = [r["prompt_tokens"] for r in labels if r["status"] == "ok"]
     assert float(tokens["input"]["mean"]) == pytest.approx(sum(prompt) / len(prompt))
     assert float(tokens["input"]["max"]) == max(prompt)
 
-    with open(results / "summary" / "errors.csv") as fh:
+    with open(model_dir(results) / "summary" / "errors.csv") as fh:
         errors = list(csv.DictReader(fh))
     probe_errors = sum(int(r["count"]) for r in errors if r["reason"] == "probe_error")
     assert probe_errors == sum(1 for e in info.values() if not e["probe_ok"])
-    assert (results / "summary" / "summary.md").read_text().strip()
+    assert (model_dir(results) / "summary" / "summary.md").read_text().strip()
 
 
 def test_report_renders_every_figure(finished):
@@ -168,7 +168,7 @@ def test_same_command_again_does_nothing(finished):
 
 def test_journal_has_one_record_per_request(finished):
     workdir, _ = finished
-    for journal in sorted((workdir / "results" / "journal").glob("shard-*.jsonl")):
+    for journal in sorted((model_dir(workdir / "results") / "journal").glob("shard-*.jsonl")):
         ids = [json.loads(line)["request_id"] for line in journal.read_text().splitlines()]
         assert len(ids) == len(set(ids)), journal
 
@@ -180,8 +180,8 @@ def read_csv(path):
 
 def test_agreement_and_corrected_prevalence_with_human_labels(finished):
     workdir, info = finished
-    summary = workdir / "results" / "summary"
-    labels = {r["post_id"]: r for r in pq.read_table(workdir / "results" / "labels.parquet").to_pylist()}
+    summary = model_dir(workdir / "results") / "summary"
+    labels = {r["post_id"]: r for r in pq.read_table(model_dir(workdir / "results") / "labels.parquet").to_pylist()}
     human = {p: ("yes" if e["promotes_product"] else "no") for p, e in info.items() if e["probe_ok"]}
     pairs = [(human[p], labels[p]["promotes_product"]) for p in human]
     tp = sum(h == "yes" and m == "yes" for h, m in pairs)
@@ -209,9 +209,12 @@ def test_estimate_target_projects_from_a_pilot(finished):
     workdir, _ = finished
     before = len(read_request_log(workdir / "requests.jsonl"))
     run_snakemake(workdir, "estimate")
-    estimate = json.loads((workdir / "results" / "estimate.json").read_text())
+    estimate = json.loads((model_dir(workdir / "results") / "estimate.json").read_text())
     pilot_requests = [e for e in read_request_log(workdir / "requests.jsonl")[before:] if e["event"] == "received"]
     assert 0 < len(pilot_requests) <= 6 + 2  # the pilot sample (plus the readiness smoke request)
     flat = json.dumps(estimate)
     assert "wall" in flat and "gpu_hours" in flat and "cost" in flat
-    assert (workdir / "results" / "estimate.md").read_text().strip()
+    assert (model_dir(workdir / "results") / "estimate.md").read_text().strip()
+    # The models side by side (one here): results/estimate.md names the model and its projection.
+    side_by_side = (workdir / "results" / "estimate.md").read_text()
+    assert model_dir(workdir / "results").name in side_by_side and "GPU-hours" in side_by_side

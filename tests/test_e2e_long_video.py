@@ -8,7 +8,7 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import run_snakemake, write_overlay
+from conftest import model_dir, run_snakemake, write_overlay
 from standin import read_request_log, standin_command
 from vidlabel.demo import make_video
 from vidlabel.media import probe
@@ -39,7 +39,7 @@ def run_long(tmp_path, root, over_limit):
         "transcribe": {"chunks": 1},
     })
     run_snakemake(tmp_path)
-    labels = {r["post_id"]: r for r in pq.read_table(tmp_path / "results" / "labels.parquet").to_pylist()}
+    labels = {r["post_id"]: r for r in pq.read_table(model_dir(tmp_path / "results") / "labels.parquet").to_pylist()}
     manifest = {r["post_id"]: r for r in pq.read_table(tmp_path / "results" / "manifest" / "shard-0.parquet").to_pylist()}
     return labels, manifest, read_request_log(tmp_path / "requests.jsonl")
 

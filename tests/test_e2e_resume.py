@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import BIN, run_snakemake, snakemake_command, write_overlay
+from conftest import BIN, default_model_dir, run_snakemake, snakemake_command, write_overlay
 from standin import read_request_log, standin_command
 
 pytestmark = pytest.mark.slow
@@ -81,13 +81,14 @@ def slow_standin_dir(tmp_path, demo_set):
 
 def test_classify_job_killed_then_same_command_resumes(slow_standin_dir):
     workdir, info = slow_standin_dir
-    journal = workdir / "results" / "journal" / "shard-0.jsonl"
+    model = default_model_dir(workdir / "results")
+    journal = model / "journal" / "shard-0.jsonl"
     kill_job_when(workdir, "classify.py", journal, min_records=3)
 
     finished_before = {r["request_id"] for r in journal_lines(journal)}
     assert len(finished_before) >= 3
     events_before = len(read_request_log(workdir / "requests.jsonl"))
-    assert not (workdir / "results" / "labels" / "shard-0.parquet").exists()
+    assert not (model / "labels" / "shard-0.parquet").exists()
 
     run_snakemake(workdir)
 
@@ -95,9 +96,9 @@ def test_classify_job_killed_then_same_command_resumes(slow_standin_dir):
     resent = {e.get("request_id") for e in events_after if e.get("event") == "received"} & finished_before
     assert resent == set()  # nothing that had finished was sent again
 
-    labels = pq.read_table(workdir / "results" / "labels.parquet").to_pylist()
+    labels = pq.read_table(model / "labels.parquet").to_pylist()
     assert sorted(r["post_id"] for r in labels) == sorted(info)
-    shard = pq.read_table(workdir / "results" / "labels" / "shard-0.parquet").to_pylist()
+    shard = pq.read_table(model / "labels" / "shard-0.parquet").to_pylist()
     ids = [r["request_id"] for r in shard]
     assert len(ids) == len(set(ids)) and finished_before <= set(ids)
     assert all(r["status"] == "ok" for r in shard)

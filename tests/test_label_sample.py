@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import run_snakemake, write_overlay
+from conftest import default_model_dir, run_snakemake, write_overlay
 from vidlabel import aggregate, labelstudio, sampling
 from vidlabel.aggregate import load_human_labels
 from vidlabel.config import load
@@ -54,7 +54,7 @@ def _results(tmp_path, n_ok=300, n_error=12, n_excluded=5, probabilities=True, s
             truth[post_id] = None
         rows.append(row)
     columns = ["post_id", "status", *IDS] + (["answer_probs"] if probabilities else [])
-    labels = tmp_path / "results" / "labels.parquet"
+    labels = default_model_dir(tmp_path / "results") / "labels.parquet"
     labels.parent.mkdir(parents=True, exist_ok=True)
     table = {c: pa.array([r[c] for r in rows], pa.string()) for c in columns}
     # The rest of merge's columns, so that aggregate reads the same file.

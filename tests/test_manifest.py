@@ -106,24 +106,27 @@ def test_request_id_stable_and_sensitive(tmp_path):
     ids = {k: v["request_id"] for k, v in reqs1.items()}
     assert ids == {k: v["request_id"] for k, v in reqs2.items()}
     c = cfg["classify"]
-    assert ids["a"] == pr.request_id("a", c["prompt_template"], c["questions"], c["model"])
+    assert ids["a"] == pr.request_id("a", c["prompt_template"], c["questions"])
     assert len(set(ids.values())) == 3
-    for change in ("template", "questions", "model"):
+    for change in ("template", "questions"):
         cfg2 = copy.deepcopy(cfg)
         if change == "template":
             cfg2["classify"]["prompt_template"] += "\nBe brief."
-        elif change == "questions":
-            cfg2["classify"]["questions"] = c["questions"] + [{"id": "is_ad", "text": "Is it an ad?", "type": "yes/no"}]
         else:
-            cfg2["classify"]["model"] = "Qwen/Qwen2.5-VL-7B-Instruct"
+            cfg2["classify"]["questions"] = c["questions"] + [{"id": "is_ad", "text": "Is it an ad?", "type": "yes/no"}]
         reqs3, _, _ = run(cfg2, tmp_path)
         assert all(reqs3[k]["request_id"] != ids[k] for k in ids), change
+    # Every model answers the same requests (classify.models): the model is not part of the id.
+    cfg2 = copy.deepcopy(cfg)
+    cfg2["classify"]["model"] = "Qwen/Qwen2.5-VL-7B-Instruct"
+    reqs3, _, _ = run(cfg2, tmp_path)
+    assert {k: v["request_id"] for k, v in reqs3.items()} == ids
 
 
 def test_request_ids_fast_path_matches_prompt_module():
     q = [{"id": "x", "text": "Is it \"quoted\" ü?", "type": "yes/no"}]
     pids = ["1", "ü-2", 'q"3', "4" * 50]
-    assert manifest.request_ids(pids, "T {caption}", q, "m") == [pr.request_id(p, "T {caption}", q, "m")
+    assert manifest.request_ids(pids, "T {caption}", q) == [pr.request_id(p, "T {caption}", q)
                                                                 for p in pids]
 
 

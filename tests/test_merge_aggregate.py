@@ -62,6 +62,8 @@ def fabricated(tmp_path):
             "started_at": start, "finished_at": start + 2.0 + (i % 3),
             "prompt_tokens": None if s == 2 else int(rng.integers(2_000, 40_000)),
             "completion_tokens": None if s == 2 else int(rng.integers(20, 400)),
+            # Shard 0's job recorded the one GPU it held; the others used endpoints (cost.gpus_per_job).
+            "gpus": 1 if s == 0 else None,
             "answers": None if failed else json.dumps({"promotes_product": "yes" if says_yes else "no",
                                                        "shows_face": "yes" if i % 3 == 0 else "no"}),
         })
@@ -97,7 +99,7 @@ def test_merge_one_row_per_post(fabricated):
     assert table.column_names == ["post_id", "shard", "status", "error_kind", "error", "promotes_product",
                                   "shows_face", "prompt_tokens", "completion_tokens", "latency_s", "started_at",
                                   "finished_at", "answer_probs", "model", "server", "settings_fingerprint",
-                                  "prompt_hash", "request_fingerprint"]
+                                  "prompt_hash", "request_fingerprint", "gpus"]
     rows = table.to_pylist()
     assert [r["post_id"] for r in rows] == f["order"]  # inventory order kept
     by_id = {r["post_id"]: r for r in rows}
@@ -271,7 +273,7 @@ def test_aggregate_every_file_checked(fabricated):
     # throughput: busy time is the union of request intervals (the resumed shard 1 has a gap)
     thr = {r["shard"]: r for r in _read_csv(summary / "throughput.csv")}
     assert list(thr) == ["0", "1", "2", "all"]
-    total_busy = 0.0
+    total_busy = total_gpu_hours = 0.0
     for s in ("0", "1", "2"):
         iv = sorted((r["started_at"], r["finished_at"]) for r in classified if r["shard"] == int(s))
         busy, cur_s, cur_e = 0.0, *iv[0]
@@ -287,10 +289,14 @@ def test_aggregate_every_file_checked(fabricated):
         assert _f(t["busy_s"]) == pytest.approx(busy)
         assert _f(t["span_s"]) == pytest.approx(max(e for _, e in iv) - iv[0][0])
         assert _f(t["requests_per_s"]) == pytest.approx(len(iv) / busy)
-        assert _f(t["gpu_hours"]) == pytest.approx(busy * 4 / 3600)
-        assert _f(t["cost_usd"]) == pytest.approx(busy * 4 / 3600 * 2.5)
+        gpus = 1 if s == "0" else 4
+        assert int(t["gpus"]) == gpus
+        assert _f(t["gpu_hours"]) == pytest.approx(busy * gpus / 3600)
+        assert _f(t["cost_usd"]) == pytest.approx(busy * gpus / 3600 * 2.5)
+        total_gpu_hours += busy * gpus / 3600
     assert _f(thr["1"]["busy_s"]) < _f(thr["1"]["span_s"]) - 4_000  # the gap between runs is not work
     assert _f(thr["all"]["busy_s"]) == pytest.approx(total_busy)
+    assert _f(thr["all"]["gpu_hours"]) == pytest.approx(total_gpu_hours)
     assert int(thr["all"]["requests"]) == 590
     assert _f(thr["all"]["tokens_per_s"]) == pytest.approx((pt.sum() + ct.sum()) / total_busy)
 

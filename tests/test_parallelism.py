@@ -73,6 +73,35 @@ def test_the_largest_request_decides_at_the_margin():
     assert (hopeless.tensor, hopeless.data) == (4, 1) and "does not fit even at tensor 4" in hopeless.reason
 
 
+@pytest.mark.parametrize("server_args,tensor,data", [
+    ("", 2, 1),                                        # bf16: 137 GiB of weights need two H200s
+    ("--quantization fp8", 1, 2),                      # 68 GiB: one copy per H200
+    ("--quantization=fp8 --kv-cache-dtype fp8", 1, 2),
+    ("-q awq", 1, 2),
+])
+def test_quantization_in_the_server_args_sizes_the_weights(server_args, tensor, data):
+    layout = choose_layout(config(QWEN_72B, H200_GIB, server_args=server_args), 32768, gpus(2))
+    assert (layout.tensor, layout.data) == (tensor, data), layout.reason
+    if server_args:
+        assert "--quantization" in layout.reason
+        weights = float(layout.reason.split("weights ")[1].split(" GiB")[0])
+        bytes_per_parameter = 1 if "fp8" in server_args else 0.5
+        assert weights == pytest.approx(73.41e9 * bytes_per_parameter / GIB, rel=0.002)
+    if "kv-cache-dtype" in server_args:
+        assert "KV 160 KiB/token" in layout.reason  # 2 x 80 layers x 8 heads x 128 x 1 byte
+
+
+def test_a_checkpoint_quantized_already_is_not_shrunk_again(tmp_path):
+    folder = tmp_path / "Qwen2.5-VL-72B-Instruct-FP8"
+    folder.mkdir()
+    cfg = json.loads((QWEN_72B / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8"}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 73.41e9}}))
+    layout = choose_layout(config(folder, H200_GIB, server_args="--quantization fp8"), 32768, gpus(1))
+    assert "--quantization" not in layout.reason and "weights 68.4 GiB" in layout.reason
+
+
 def test_explicit_layout_is_kept_and_checked_against_the_gpus():
     cfg = config(QWEN_7B, None, parallelism={"tensor": 2, "data": 2})
     layout = choose_layout(cfg, 1000, {"CUDA_VISIBLE_DEVICES": "4,5,6,7"})

@@ -26,10 +26,10 @@ def test_neutralise_keeps_ordinary_text():
 
 
 def test_request_id_stable_and_sensitive():
-    base = request_id("p1", TEMPLATE, QUESTIONS, "m")
-    assert base == request_id("p1", TEMPLATE, [dict(q) for q in QUESTIONS], "m")
-    assert len({base, request_id("p2", TEMPLATE, QUESTIONS, "m"), request_id("p1", TEMPLATE + " ", QUESTIONS, "m"),
-                request_id("p1", TEMPLATE, QUESTIONS[:1], "m"), request_id("p1", TEMPLATE, QUESTIONS, "m2")}) == 5
+    base = request_id("p1", TEMPLATE, QUESTIONS)
+    assert base == request_id("p1", TEMPLATE, [dict(q) for q in QUESTIONS])
+    assert len({base, request_id("p2", TEMPLATE, QUESTIONS), request_id("p1", TEMPLATE + " ", QUESTIONS),
+                request_id("p1", TEMPLATE, QUESTIONS[:1])}) == 4
 
 
 def test_schema_and_response_format():

@@ -12,7 +12,7 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import REPO, run_snakemake, write_overlay
+from conftest import REPO, model_dir, run_snakemake, write_overlay
 from standin import read_request_log, standin_command
 from vidlabel import settings as stage_settings
 from vidlabel.config import load
@@ -66,7 +66,7 @@ def study(tmp_path_factory, demo_set):
 
 
 def labels(workdir) -> list[dict]:
-    return pq.read_table(workdir / "results" / "labels.parquet").to_pylist()
+    return pq.read_table(model_dir(workdir / "results") / "labels.parquet").to_pylist()
 
 
 # From classify on, every stage after an edit that reaches the requests (3 shards).
@@ -81,7 +81,8 @@ EDITED_QUESTIONS = [dict(QUESTIONS[0], text="Is a product advertised?"), QUESTIO
       "transcribe": {"threads": 2}}, {}),
     # transcode too: which videos must be re-planned to fit the context depends on the prompt's length.
     ({"classify": {"questions": EDITED_QUESTIONS}}, {"transcode": 1, "manifest": 1, **FROM_CLASSIFY}),
-    ({"classify": {"model": "Qwen/Qwen2.5-VL-7B-Instruct"}}, {"transcode": 1, "manifest": 1, **FROM_CLASSIFY}),
+    # Another model labels the same manifest into its own folder (results/models/<name>).
+    ({"classify": {"model": "Qwen/Qwen2.5-VL-7B-Instruct"}}, FROM_CLASSIFY),
     ({"planning": {"fps": 1, "transcode": {"chunks": 1}}}, {"transcode": 1, "manifest": 1, **FROM_CLASSIFY}),
     ({"transcribe": {"beam_size": 2}}, {"transcribe": 2, "manifest": 1, **FROM_CLASSIFY}),
     ({"classify": {"server_args": "--enforce-eager"}}, FROM_CLASSIFY),
@@ -94,7 +95,9 @@ def test_an_edit_reruns_exactly_the_stages_it_touches(study, edit, expected):
     try:
         assert planned_jobs(workdir) == expected
         if expected:
-            assert "Params have changed" in reasons(workdir)
+            because = reasons(workdir)
+            assert ("Missing output files" if "model" in edit.get("classify", {}) else "Params have changed") \
+                in because
     finally:
         overlay(workdir, demo_root)
 
@@ -153,8 +156,6 @@ def test_more_shards_send_nothing_twice(tmp_path, demo_set):
     rows = labels(tmp_path)
     assert {r["shard"] for r in rows if r["shard"] is not None} <= {0, 1, 2, 3}
     assert all(r["status"] != "ok" or r["promotes_product"] in ("yes", "no") for r in rows)
-
-
 
 
 def prompt_hash(workdir) -> str:

@@ -37,12 +37,23 @@ import pytest
 import yaml
 
 import vidlabel.slurm
-from conftest import run_snakemake, write_overlay
+from conftest import default_model_dir, run_snakemake, write_overlay
 from standin import read_request_log, standin_command
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 CLUSTER_SCRIPT = REPO / ".ci" / "slurm-cluster.sh"
+# The default model's folder name (results/models/<MODEL>), also the first wildcard of its jobs.
+MODEL = default_model_dir(Path("results")).name
+
+
+def shard_job(shard: int) -> str:
+    """The name rule_of gives the classify job of ``shard`` (wildcards model, shard)."""
+    return f"classify_wildcards_{MODEL}_{shard}"
+
+
+def shard_of(rule: str) -> int:
+    return int(rule.rsplit("_", 1)[1])
 SHIPPED_PROFILE = REPO / "profiles" / "slurm" / "config.yaml"
 PLACEHOLDERS = ("YOUR_ACCOUNT", "YOUR_CPU_PARTITION", "YOUR_GPU_PARTITION")
 
@@ -474,7 +485,7 @@ COMMAND_FINGERPRINTS = ("settings_fingerprint", "request_fingerprint")
 
 
 def labels_by_post(workdir: Path, ignore: tuple[str, ...] = ()) -> dict[str, dict]:
-    rows = pq.read_table(workdir / "results" / "labels.parquet").to_pylist()
+    rows = pq.read_table(default_model_dir(workdir / "results") / "labels.parquet").to_pylist()
     left_out = TIMING_COLUMNS | set(COMMAND_FINGERPRINTS) | set(ignore)
     return {r["post_id"]: {k: v for k, v in r.items() if k not in left_out} for r in rows}
 
@@ -582,8 +593,8 @@ def test_e2e_results_equal_the_local_profile(slurm_e2e, local_reference):
     assert slurm_labels == local_labels
     assert any(r["status"] == "ok" for r in slurm_labels.values())
     for name in ("prevalence.csv", "tokens.csv", "errors.csv"):
-        assert (workdir / "results" / "summary" / name).read_text() == \
-            (local_reference / "results" / "summary" / name).read_text(), name
+        assert (default_model_dir(workdir / "results") / "summary" / name).read_text() == \
+            (default_model_dir(local_reference / "results") / "summary" / name).read_text(), name
 
 
 @slurm
@@ -597,13 +608,13 @@ def test_server_media_threads_follow_the_cpus_granted(slurm_e2e):
     profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
     cpus = profile["set-resources"]["classify"]["cpus_per_gpu"] * profile["set-resources"]["classify"]["gpu"]
     api_servers = min(MAX_API_SERVERS, (cpus - RESERVED_CPUS) // CPUS_PER_API_SERVER)
-    logs = sorted((workdir / "logs" / "classify").glob("server-*.log"))
+    logs = sorted((workdir / "logs" / "classify" / MODEL).glob("server-*.log"))
     assert len(logs) == 2
     for log in logs:
         text = log.read_text()
         assert f"media loading threads {(cpus - RESERVED_CPUS) // api_servers}," in text, log
         assert f"API servers x {(cpus - RESERVED_CPUS) // api_servers} media threads" in \
-            (workdir / "logs" / "classify" / log.name.replace("server-", "shard-")).read_text()
+            (workdir / "logs" / "classify" / MODEL / log.name.replace("server-", "shard-")).read_text()
 
 
 @slurm
@@ -616,7 +627,7 @@ def test_two_shard_jobs_at_once_use_different_ports(slurm_e2e):
     assert len(classify) == 2 and all(j["State"] == "COMPLETED" for j in classify)
     ports = {}
     for shard in (0, 1):
-        log = (workdir / "logs" / "classify" / f"server-{shard}.log").read_text()
+        log = (workdir / "logs" / "classify" / MODEL / f"server-{shard}.log").read_text()
         found = re.findall(r"listening on http://127\.0\.0\.1:(\d+)", log)
         assert len(found) == 1, log
         ports[shard] = found[0]
@@ -637,7 +648,7 @@ def crashing_workdir(name, tmp_path_factory, demo_set, reference: Path) -> Path:
 
 
 def crashed_shard(jobs: list[dict[str, str]]) -> int:
-    failed = {int(rule_of(j).split("_wildcards_")[1]) for j in jobs
+    failed = {shard_of(rule_of(j)) for j in jobs
               if rule_of(j).startswith("classify_") and j["State"] != "COMPLETED"}
     assert len(failed) == 1, jobs
     return failed.pop()
@@ -650,9 +661,9 @@ def crash_then_rerun(slurm_cluster, demo_set, tmp_path_factory, local_reference)
     profile = overlay_profile(slurm_cluster, workdir / "profile")
     first = run_workflow(slurm_cluster, workdir, profile, "--retries", "0")
     first_jobs = sacct_jobs(slurm_cluster, first.run_id)
-    first.outputs = sorted(p.name for p in (workdir / "results" / "labels").glob("*.parquet"))
+    first.outputs = sorted(p.name for p in (default_model_dir(workdir / "results") / "labels").glob("*.parquet"))
     shard = crashed_shard(first_jobs)
-    finished = journal_ok_ids(workdir / "results" / "journal" / f"shard-{shard}.jsonl")
+    finished = journal_ok_ids(default_model_dir(workdir / "results") / "journal" / f"shard-{shard}.jsonl")
     events_before = len(read_request_log(workdir / "requests.jsonl"))
     second = run_workflow(slurm_cluster, workdir, profile, "--retries", "0")
     second_jobs = sacct_jobs(slurm_cluster, second.run_id)
@@ -667,12 +678,12 @@ def test_crashed_shard_fails_alone_and_the_same_command_resumes_it(crash_then_re
     assert first.proc.returncode != 0
     # keep-going: the other shard finished; merge and aggregate could not run.
     states = {rule_of(j): j["State"] for j in first_jobs}
-    assert states == {f"classify_wildcards_{shard}": "FAILED", f"classify_wildcards_{other}": "COMPLETED"}, states
+    assert states == {shard_job(shard): "FAILED", shard_job(other): "COMPLETED"}, states
     assert first.outputs == [f"shard-{other}.parquet"]
     assert finished, "the crashed shard finished no request before the crash"
 
     assert second.proc.returncode == 0, second.output[-8000:]
-    assert sorted(rule_of(j) for j in second_jobs) == sorted([f"classify_wildcards_{shard}", "merge", "aggregate"])
+    assert sorted(rule_of(j) for j in second_jobs) == sorted([shard_job(shard), f"merge_wildcards_{MODEL}", f"aggregate_wildcards_{MODEL}"])
     assert job_stats(second.output).get("classify") == 1
     events = read_request_log(workdir / "requests.jsonl")
     resent = {e.get("request_id") for e in events[events_before:] if e.get("event") == "received"} & finished
@@ -696,7 +707,7 @@ def test_crashed_shard_is_resubmitted_and_resumes_in_the_same_run(crash_with_ret
     assert yaml.safe_load(SHIPPED_PROFILE.read_text())["retries"] == 1
     assert run.proc.returncode == 0, run.output[-8000:]
     shard = crashed_shard(jobs)
-    attempts = [j["State"] for j in jobs if rule_of(j) == f"classify_wildcards_{shard}"]
+    attempts = [j["State"] for j in jobs if rule_of(j) == shard_job(shard)]
     assert attempts == ["FAILED", "COMPLETED"]
     # Every request was answered once: nothing finished by the crashed attempt was sent again.
     completed = [e["request_id"] for e in read_request_log(workdir / "requests.jsonl")
@@ -758,12 +769,12 @@ def test_time_limit_sigterm_keeps_the_journal_and_the_retry_resumes(time_limit_r
     assert run.proc.returncode == 0, run.output[-8000:]
     timed_out = [j for j in jobs if j["JobID"] == slow_job]
     assert timed_out and timed_out[0]["State"] == "TIMEOUT", jobs
-    shard = int(rule_of(timed_out[0]).split("_wildcards_")[1])
-    attempts = [j for j in jobs if rule_of(j) == f"classify_wildcards_{shard}"]
+    shard = shard_of(rule_of(timed_out[0]))
+    attempts = [j for j in jobs if rule_of(j) == shard_job(shard)]
     assert [j["State"] for j in attempts] == ["TIMEOUT", "COMPLETED"]
     # The rule's log holds the last attempt only (Snakemake clears it before a job starts); the
     # SLURM log of each job keeps its attempt.
-    log = (workdir / "logs" / "slurm" / "rule_classify" / str(shard) / f"{slow_job}.log").read_text()
+    log = (workdir / "logs" / "slurm" / "rule_classify" / f"{MODEL}_{shard}" / f"{slow_job}.log").read_text()
     assert "JobInterrupted" in log and "stopped by SIGTERM" in log, log[-3000:]
     # Requests answered before the time limit were journaled and not sent again by the retry.
     retry_start = time.mktime(time.strptime(attempts[1]["Start"], "%Y-%m-%dT%H:%M:%S"))
@@ -906,12 +917,12 @@ def cancelled_shards(slurm_cluster, demo_set, tmp_path_factory, local_reference)
         jobs = live.wait_until(one_running_one_pending, "one shard job running and the other pending")
         pending = next(job for job, (_, state) in jobs.items() if state == "PENDING")
         running = next(job for job, (_, state) in jobs.items() if state == "RUNNING")
-        shard = int(jobs[running][0].split("_wildcards_")[1])
+        shard = shard_of(jobs[running][0])
 
         pending_cancelled = scancel(slurm_cluster, pending)
         pending_noticed = live.wait_until(lambda: live.first(f"SLURM-job '{pending}' failed"),
                                           "the cancelled pending job reported failed")
-        journal = workdir / "results" / "journal" / f"shard-{shard}.jsonl"
+        journal = default_model_dir(workdir / "results") / "journal" / f"shard-{shard}.jsonl"
         live.wait_until(lambda: journal_ok_ids(journal), f"an answer of shard {shard} journaled")
         running_cancelled = scancel(slurm_cluster, running)
         journaled_at_cancel = journal_ok_ids(journal)
@@ -1063,13 +1074,13 @@ def copies_run(slurm_cluster, demo_set, tmp_path_factory, local_reference):
 def test_each_server_copy_is_bound_to_its_own_granted_gpu(copies_run, local_reference):
     workdir = copies_run
     for shard in (0, 1):
-        job_log = (workdir / "logs" / "classify" / f"shard-{shard}.log").read_text()
+        job_log = (workdir / "logs" / "classify" / MODEL / f"shard-{shard}.log").read_text()
         granted = re.search(r"auto: tensor 1 x data 4 .*?4 GPUs \(CUDA_VISIBLE_DEVICES: ([\d,]+)\)", job_log)
         assert granted, job_log[-3000:]
         gpus = granted.group(1).split(",")
         bound = []
         for copy in range(4):
-            log = (workdir / "logs" / "classify" / f"server-{shard}.copy-{copy}.log").read_text()
+            log = (workdir / "logs" / "classify" / MODEL / f"server-{shard}.copy-{copy}.log").read_text()
             found = re.findall(r"CUDA_VISIBLE_DEVICES (\S+?),", log)
             assert len(found) == 1, log
             bound.append(found[0])

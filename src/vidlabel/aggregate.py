@@ -57,7 +57,7 @@ AGREEMENT_COLUMNS = ["question", "n", "tp", "fp", "fn", "tn", "no_model_answer",
 TOKENS_COLUMNS = ["direction", "requests", "total", "mean", "p50", "p90", "p99", "max", "prefill_decode_ratio"]
 THROUGHPUT_COLUMNS = [
     "shard", "requests", "ok", "errors", "input_tokens", "output_tokens", "first_started_at",
-    "last_finished_at", "span_s", "busy_s", "requests_per_s", "input_tokens_per_s", "output_tokens_per_s",
+    "last_finished_at", "span_s", "busy_s", "gpus", "requests_per_s", "input_tokens_per_s", "output_tokens_per_s",
     "tokens_per_s", "wall_requests_per_s", "gpu_hours", "cost_usd",
 ]
 ERRORS_COLUMNS = ["stage", "reason", "count"]
@@ -81,7 +81,7 @@ PPI_CROSSCHECK_TOLERANCE = 1e-9
 
 # Columns of labels.parquet that older merges did not write: without answer_probs the model's hard
 # answers are the predictions; the provenance columns only feed the provenance section.
-OPTIONAL_LABEL_COLUMNS = ("answer_probs", *PROVENANCE_COLUMNS, "request_fingerprint")
+OPTIONAL_LABEL_COLUMNS = ("answer_probs", *PROVENANCE_COLUMNS, "request_fingerprint", "gpus")
 
 
 class HumanLabelError(ValueError):
@@ -99,6 +99,8 @@ def run(config: dict[str, Any], labels_path: str | Path, human_labels_path: str 
     ids = question_ids(config)
     con = duck.connect()
     duck.parquet_view(con, "labels", labels_path)
+    if "gpus" not in _columns(con, "labels"):  # merged before jobs recorded their GPUs: cost.gpus_per_job
+        con.read_parquet(str(labels_path)).project("*, NULL::BIGINT AS gpus").create_view("labels", replace=True)
     _check_label_columns(con, ids, labels_path)
     _register(con, "questions", pa.table({"question": ids, "position": list(range(len(ids)))}))
     con.execute("CREATE TABLE answers_long AS " + duck.sql(
@@ -613,7 +615,7 @@ def summary_markdown(config, status_counts, prevalence_rows, agreement_rows, tok
                    f"({_num(1 / overall['requests_per_s'] if overall['requests_per_s'] else math.nan, 2)} s per request). "
                    f"Wall clock from first to last request: {_num(overall['span_s'] / 3600, 2)} h "
                    f"({_num(overall['wall_requests_per_s'], 3)} requests/s for the whole run). "
-                   f"That is {_num(overall['gpu_hours'], 2)} GPU-hours at {config['cost']['gpus_per_job']} GPUs per job, "
+                   f"That is {_num(overall['gpu_hours'], 2)} GPU-hours at {_gpus_per_job(throughput_rows)} GPUs per job, "
                    f"about ${_num(overall['cost_usd'], 2)} at ${config['cost']['gpu_hour_usd']} per GPU-hour "
                    "(server start-up not included).")
     else:
@@ -664,6 +666,12 @@ def summary_markdown(config, status_counts, prevalence_rows, agreement_rows, tok
             f"- Every interval is at the configured confidence ({c}, config stats.confidence).",
             ""]
     return "\n".join(out)
+
+
+def _gpus_per_job(throughput_rows) -> str:
+    """The GPUs the shard jobs held (as recorded by each job, else cost.gpus_per_job), in words."""
+    counts = sorted({int(r["gpus"]) for r in throughput_rows if r["shard"] != "all" and r["gpus"] is not None})
+    return " or ".join(map(str, counts)) or "?"
 
 
 def _human_labels_text(human: dict) -> str:

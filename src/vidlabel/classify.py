@@ -1,5 +1,6 @@
-"""Classify one manifest shard: start the server (or use the endpoints), stream the requests, journal
-every result, and write ``labels/shard-{i}.parquet`` once every request has a terminal record.
+"""Classify one manifest shard with one model: start the server (or use the endpoints), stream the
+requests, journal every result, and write ``labels/shard-{i}.parquet`` once every request has a
+terminal record (in the model's folder, ``results/models/<name>/``: vidlabel.models).
 
 Resume: the journal (``journal/shard-{i}.jsonl``) holds one record per finished request. A rerun skips
 requests whose record is terminal (``ok``, or an error that a retry would not change) *and* was made
@@ -37,7 +38,7 @@ import os
 import re
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -75,6 +76,8 @@ LABEL_SCHEMA = pa.schema([
     # Provenance (docs/outputs.md): what made the answer.
     ("model", pa.string()), ("server", pa.string()), ("settings_fingerprint", pa.string()),
     ("prompt_hash", pa.string()), ("request_fingerprint", pa.string()), ("sends", pa.int64()),
+    # GPUs the job held while it answered (its own servers); null for classify.endpoints.
+    ("gpus", pa.int64()),
 ])
 
 
@@ -105,6 +108,7 @@ class Provenance:
     settings_fingerprint: str
     prompt_hash: str
     server_settings: dict
+    gpus: int | None = None  # held by the job's own servers, once they are laid out
 
     @classmethod
     def from_config(cls, config: dict) -> "Provenance":
@@ -351,6 +355,7 @@ async def _classify(config: dict, provenance: Provenance, rows: list[dict], pend
             largest = max(int(r["est_prompt_tokens"] or 0) for r in pending) + c["max_tokens"]
             layout = choose_layout(config, largest)
             log.info("shard %d: parallelism %s", shard, layout.reason)
+            provenance = replace(provenance, gpus=len(layout.gpus) or None)
             # Requests in flight scale with the copies: classify.concurrency is per copy.
             settings.concurrency *= layout.data
             server = ServerGroup(config, server_copies(config, layout, server_log_path)).start()
@@ -486,7 +491,7 @@ async def _stream(client: ClassifyClient, pending: list[dict], journal: Journal,
             rec["retryable"] = False
             rec["error"] = f"{rec['error']}; {rec['attempts']} attempts over several runs, giving up"
         rec.update(model=provenance.model, settings_fingerprint=provenance.settings_fingerprint,
-                   prompt_hash=provenance.prompt_hash, request_fingerprint=row["fingerprint"])
+                   prompt_hash=provenance.prompt_hash, request_fingerprint=row["fingerprint"], gpus=provenance.gpus)
         if first and rec["error_kind"] == "media_unreachable":
             stop_for_media(rec, first=True)
             return

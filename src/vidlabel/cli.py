@@ -26,7 +26,9 @@ def local_whisper_model() -> str | None:
 
 def classification_backend(config: dict) -> str | None:
     """How classification would run here, or None when nothing can serve the model."""
-    if config.get("classify", {}).get("endpoints"):
+    from vidlabel.models import own_servers
+
+    if not own_servers(config):
         return "endpoints"
     if shutil.which("vllm") and shutil.which("nvidia-smi"):
         probe = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)

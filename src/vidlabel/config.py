@@ -9,6 +9,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from vidlabel import models
 from vidlabel.prompt import answer_max_tokens
 
 REPO_SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
@@ -133,7 +134,10 @@ def validate(config: dict[str, Any], schema_path: str | Path | None = None) -> d
     qids = [q["id"] for q in config["classify"]["questions"]]
     if len(set(qids)) != len(qids):
         raise ConfigError(f"config key 'classify.questions': duplicate question ids {sorted(qids)}")
-    resolve_derived(config)
+    try:
+        resolve_derived(config)
+    except models.ModelsError as exc:
+        raise ConfigError(f"invalid configuration:\n  {exc}") from None
     return config
 
 
@@ -144,6 +148,11 @@ def resolve_derived(config: dict[str, Any]) -> None:
         c["max_tokens"] = answer_max_tokens(c["questions"])
     if c["max_num_batched_tokens"] is None:
         c["max_num_batched_tokens"] = c["max_model_len"]
+    c["models"] = models.resolve(c)
+    chosen = config["label_sample"]["model"]
+    if chosen is not None and chosen not in models.names(config):
+        raise models.ModelsError(f"config key 'label_sample.model': {chosen!r} is not a model name "
+                                 f"(classify.models: {models.names(config)})")
 
 
 def load(path: str | Path, overrides: dict | None = None, schema_path: str | Path | None = None) -> dict:

@@ -34,8 +34,9 @@ job takes ``startup + ramp_drain + sum(cost) / rate`` seconds (startup as measur
 start to the first request); shard jobs run ``planning.concurrent_jobs`` at a time (list scheduling
 in shard order). GPU-hours = sum of shard job hours x the GPUs the pilot job was granted (the
 estimate job asks for the classify job's resources; ``cost.gpus_per_job`` only where no GPU is
-visible); cost = GPU-hours x ``cost.gpu_hour_usd``. ``results/estimate.json`` holds the numbers,
-``estimate.md`` a readable summary.
+visible); cost = GPU-hours x ``cost.gpu_hour_usd``. Per model, ``results/models/<name>/estimate.json``
+holds the numbers and ``estimate.md`` a readable summary; ``results/estimate.md`` puts the models side
+by side (``compare_projections``).
 """
 
 from __future__ import annotations
@@ -382,7 +383,8 @@ def run(config: dict, shard_paths, json_path, md_path, workdir,
     gpus, gpus_source = job_gpus(config)
     proj = project(config, f, shard_tokens, gpus)
     result = {"pilot": {"requests": int(len(pick)), "model": f.model, **asdict(f)}, "projection": proj,
-              "config": {"concurrent_jobs": config["planning"]["concurrent_jobs"],
+              "config": {"classify_model": config["classify"]["model"],
+                         "concurrent_jobs": config["planning"]["concurrent_jobs"],
                          "gpus_per_job": gpus, "gpus_per_job_from": gpus_source,
                          "gpu_hour_usd": config["cost"]["gpu_hour_usd"],
                          "concurrency": config["classify"]["concurrency"], "request_slots": slots,
@@ -390,6 +392,30 @@ def run(config: dict, shard_paths, json_path, md_path, workdir,
     write_text(json.dumps(result, indent=2, default=_json_default) + "\n", json_path)
     write_text(summary_md(config, f, proj, len(pick), gpus_source, small), md_path)
     return result
+
+
+def compare_projections(json_paths, md_path) -> None:
+    """``results/estimate.md``: the pilot projection of every model (``results/models/<name>/estimate.json``)
+    side by side, cheapest first."""
+    rows = []
+    for path in json_paths:
+        data = json.loads(Path(path).read_text())
+        proj, pilot = data["projection"], data["pilot"]
+        rows.append((proj["gpu_hours"], Path(path).parent.name, data["config"].get("classify_model", "?"), proj,
+                     pilot))
+    rows.sort(key=lambda r: r[0])
+    lines = ["# vidlabel: estimated run time and cost per model", "",
+             "Each model's pilot (its own `estimate.md` beside its `estimate.json` says how it was fitted).", "",
+             "| model | served as | requests | wall time | GPU-hours | cost | pilot prompt tok/s |",
+             "|---|---|---|---|---|---|---|"]
+    for gpu_hours, name, served, proj, pilot in rows:
+        lines.append(f"| {name} | {served} | {proj['requests']:,} | {_fmt_h(proj['wall_hours'])} | "
+                     f"{gpu_hours:,.1f} | ${proj['cost_usd']:,.0f} | {pilot['prompt_tokens_per_s']:,.0f} |")
+    if len(rows) > 1 and rows[0][0] > 0:
+        lines += ["", f"The most expensive model ({rows[-1][1]}) costs {rows[-1][0] / rows[0][0]:.1f} x the GPU-hours "
+                      f"of the cheapest ({rows[0][1]}). Whether the cheaper one is good enough is a question for the "
+                      "human labels: see results/compare/compare.md after a full run."]
+    write_text("\n".join(lines) + "\n", md_path)
 
 
 def _json_default(x):

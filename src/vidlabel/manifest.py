@@ -57,17 +57,17 @@ EXCLUDED_SCHEMA = pa.schema([
 ])
 
 
-def request_ids(post_ids, template: str, questions, model: str) -> list[str]:
+def request_ids(post_ids, template: str, questions) -> list[str]:
     """``vidlabel.prompt.request_id`` for many posts: the constant part of the payload is encoded once.
 
-    The payload is ``json.dumps([post_id, template, questions, model], sort_keys=True,
+    The payload is ``json.dumps([post_id, template, questions], sort_keys=True,
     ensure_ascii=False)``; only the post id varies. Checked against ``request_id`` on the first id
     (and any id JSON must escape goes through ``json.dumps``); a mismatch falls back to the slow path.
     """
     post_ids = [str(p) for p in post_ids]
     if not post_ids:
         return []
-    tail = (", " + json.dumps([template, questions, model], sort_keys=True, ensure_ascii=False)[1:]).encode()
+    tail = (", " + json.dumps([template, questions], sort_keys=True, ensure_ascii=False)[1:]).encode()
     sha = hashlib.sha256
     needs_escape = re.compile(r'["\\\x00-\x1f\u2028\u2029\x7f]').search
 
@@ -79,8 +79,8 @@ def request_ids(post_ids, template: str, questions, model: str) -> list[str]:
         return sha(head + tail).hexdigest()[:24]
 
     probe = [post_ids[0]] + [p for p in post_ids[:1000] if needs_escape(p)][:3]
-    if any(fast(p) != request_id(p, template, questions, model) for p in probe):
-        return [request_id(p, template, questions, model) for p in post_ids]
+    if any(fast(p) != request_id(p, template, questions) for p in probe):
+        return [request_id(p, template, questions) for p in post_ids]
     return [fast(p) for p in post_ids]
 
 
@@ -177,7 +177,7 @@ def build(config: dict, inventory_path, transcript_paths, transcode_paths, shard
           plan_path) -> None:
     started = time.monotonic()
     c = config["classify"]
-    template, questions, model = c["prompt_template"], c["questions"], c["model"]
+    template, questions = c["prompt_template"], c["questions"]
     n_shards = len(shard_paths)
     if n_shards < 1:
         raise ValueError("manifest.build needs at least one shard path")
@@ -264,7 +264,7 @@ def build(config: dict, inventory_path, transcript_paths, transcode_paths, shard
     # The server reads the transcoded file where one exists, else the original.
     media_path = pc.if_else(pa.array(has_tc), _lookup(post_id, tc, "media_path", pa.string()), video_path)
 
-    ids = np.asarray(request_ids(post_id.take(pa.array(keep)).to_pylist(), template, questions, model), dtype=object)
+    ids = np.asarray(request_ids(post_id.take(pa.array(keep)).to_pylist(), template, questions), dtype=object)
     prompt_tokens = (visual + text_tokens)[keep]
     shard = planning.balance_shards(prompt_tokens, ids, n_shards)
 

@@ -25,7 +25,7 @@ PROVENANCE_COLUMNS = ("model", "server", "settings_fingerprint", "prompt_hash")
 # shadow one of them.
 FIXED_COLUMNS = ("post_id", "shard", "status", "error_kind", "error", "prompt_tokens",
                  "completion_tokens", "latency_s", "started_at", "finished_at", "answer_probs",
-                 *PROVENANCE_COLUMNS, "request_fingerprint")
+                 *PROVENANCE_COLUMNS, "request_fingerprint", "gpus")
 
 
 class MergeError(ValueError):

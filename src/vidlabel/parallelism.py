@@ -17,6 +17,11 @@ Inputs, each logged with the decision:
   The files are looked up in the model directory (``classify.model`` as a local path) or in the
   Hugging Face cache; without them a size in the model name ("72B") is the last resort.
 - KV cache per token: 2 x layers x KV heads x head size x dtype bytes.
+- Quantization: a ``--quantization`` flag in the server command or ``classify.server_args`` on a
+  checkpoint that is not quantized already (no ``quantization_config`` in its config.json) stores the
+  weights at the method's width (``QUANTIZED_BYTES``: fp8 one byte per parameter, so Qwen2.5-VL-72B
+  fits one H200); a ``--kv-cache-dtype fp8`` halves the KV cache. Layers vLLM leaves unquantized
+  (embeddings, the vision tower: about 4 % of the 72B) fit inside the overhead.
 
 When memory or the model's size is unknown, ``auto`` uses every GPU for one copy (the safe layout for
 any model that fits the job at all) and says so.
@@ -29,9 +34,10 @@ import logging
 import math
 import os
 import re
+import shlex
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -41,6 +47,9 @@ GIB = 1024 ** 3
 # per GPU (vLLM measures it at start-up; this only has to be on the safe side of it).
 OVERHEAD_GIB = 4.0
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float8": 1, "int8": 1}
+# Bytes per parameter of the weights as a --quantization method stores them (vLLM quantizes fp8 on load).
+QUANTIZED_BYTES = {"fp8": 1, "fbgemm_fp8": 1, "ptpc_fp8": 1, "modelopt": 1, "awq": 0.5, "awq_marlin": 0.5,
+                   "gptq": 0.5, "gptq_marlin": 0.5, "bitsandbytes": 0.5}
 _SIZE_IN_NAME = re.compile(r"(\d+(?:\.\d+)?)\s*[bB](?![a-zA-Z])")
 
 
@@ -56,6 +65,8 @@ class ModelFootprint:
     kv_bytes_per_token: float
     attention_heads: int | None
     source: str
+    dtype_bytes: float = 2.0
+    prequantized: bool = False  # the checkpoint's own config names a quantization: its size is the stored one
 
 
 @dataclass(frozen=True)
@@ -190,7 +201,42 @@ def model_footprint(model: str) -> ModelFootprint | None:
     head_dim = text.get("head_dim") or text["hidden_size"] // heads
     kv_heads = text.get("num_key_value_heads") or heads
     kv = 2 * text["num_hidden_layers"] * kv_heads * head_dim * dtype_bytes
-    return ModelFootprint(weights, float(kv), heads, f"{source}, {directory}")
+    return ModelFootprint(weights, float(kv), heads, f"{source}, {directory}", float(dtype_bytes),
+                          "quantization_config" in cfg or "quantization_config" in text)
+
+
+def server_flag(config: dict, *names: str) -> str | None:
+    """The value of the last of ``names`` in the server command plus ``classify.server_args``, if any."""
+    c = config["classify"]
+    try:
+        words = shlex.split(c["server_command"]) + shlex.split(c["server_args"])
+    except ValueError:  # the server start reports the bad quoting with its key
+        return None
+    value = None
+    for i, word in enumerate(words):
+        for name in names:
+            if word == name and i + 1 < len(words):
+                value = words[i + 1]
+            elif word.startswith(name + "="):
+                value = word.split("=", 1)[1]
+    return value
+
+
+def served_footprint(config: dict, footprint: ModelFootprint) -> ModelFootprint:
+    """``footprint`` as the server stores it: weights at the --quantization width, KV at --kv-cache-dtype."""
+    method = server_flag(config, "--quantization", "-q")
+    kv_dtype = server_flag(config, "--kv-cache-dtype")
+    weights, kv, notes = footprint.weight_bytes, footprint.kv_bytes_per_token, []
+    if method in QUANTIZED_BYTES and not footprint.prequantized:
+        weights = weights * QUANTIZED_BYTES[method] / footprint.dtype_bytes
+        notes.append(f"--quantization {method}: {QUANTIZED_BYTES[method]:g} byte(s) per parameter")
+    if kv_dtype and kv_dtype.startswith("fp8") and not math.isnan(kv):
+        kv = kv / footprint.dtype_bytes
+        notes.append(f"--kv-cache-dtype {kv_dtype}")
+    if not notes:
+        return footprint
+    return replace(footprint, weight_bytes=weights, kv_bytes_per_token=kv,
+                   source=f"{footprint.source}; {', '.join(notes)}")
 
 
 # ------------------------------------------------------------------------------- the choice
@@ -222,6 +268,8 @@ def choose_layout(config: dict, largest_request_tokens: int, environ=os.environ,
     ids = tuple(gpus) if gpus else ("0",)
     memory, memory_source = gpu_memory_gib(config)
     footprint = footprint or model_footprint(c["model"])
+    if footprint is not None:
+        footprint = served_footprint(config, footprint)
     inputs = (f"{n} GPUs ({gpu_source}: {','.join(ids)}), {'%.1f GiB' % memory if memory else 'memory unknown'} per GPU "
               f"({memory_source}), utilization {c['gpu_memory_utilization']:g}, largest request "
               f"{largest_request_tokens} tokens")

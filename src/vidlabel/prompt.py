@@ -71,9 +71,10 @@ def response_format(questions: list[dict[str, Any]]) -> dict[str, Any]:
             "json_schema": {"name": "answers", "schema": answer_schema(questions), "strict": True}}
 
 
-def request_id(post_id: str, template: str, questions: list[dict[str, Any]], model: str) -> str:
-    """Stable identity of one request: a changed prompt, question set or model is a new request."""
-    payload = json.dumps([str(post_id), template, questions, model], sort_keys=True, ensure_ascii=False)
+def request_id(post_id: str, template: str, questions: list[dict[str, Any]]) -> str:
+    """Stable identity of one request: a changed prompt or question set is a new request. The same for
+    every model (classify.models): which model answered is in each record's request fingerprint."""
+    payload = json.dumps([str(post_id), template, questions], sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(payload.encode()).hexdigest()[:24]
 
 

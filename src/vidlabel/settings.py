@@ -21,6 +21,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from vidlabel.models import model_config
+
 log = logging.getLogger(__name__)
 
 FINGERPRINT_CHARS = 16
@@ -36,11 +38,11 @@ _PLANNING = ("planning.model_family", "planning.fps", "planning.min_frames", "pl
              "planning.min_pixels", "planning.max_pixels", "planning.tokenizer", "planning.over_limit",
              "planning.max_duration_s", "planning.transcode.enabled", "planning.transcode.media_dir",
              "planning.transcode.crf", "results")
-# What the model is asked, and under which limits the plan must fit.
-_PROMPT = ("classify.model", "classify.prompt_template", "classify.questions", "classify.max_model_len",
+# What every model is asked, and under which limits the plan must fit (shared by all models).
+_PROMPT = ("classify.prompt_template", "classify.questions", "classify.max_model_len",
            "classify.max_num_batched_tokens", "classify.max_tokens")
-# What decides the answers besides the request body: the server and its generation settings.
-_SERVER = ("classify.server_command", "classify.server_args", "classify.generation_config",
+# What decides the answers besides the request body: the model, its server and generation settings.
+_SERVER = ("classify.model", "classify.server_command", "classify.server_args", "classify.generation_config",
            "classify.temperature", "classify.top_logprobs", "media_root")
 _CLIENT = ("classify.concurrency", "classify.request_timeout_s", "classify.adaptive_deadline",
            "classify.deadline_floor_s", "classify.max_attempts", "classify.backoff_initial_s",
@@ -66,6 +68,7 @@ STAGES: dict[str, StageKeys] = {
                           operational=_CLIENT + _LAYOUT + ("planning.concurrent_jobs",)),
     "merge": StageKeys(results=("classify.questions",)),
     "aggregate": StageKeys(results=("classify.questions", "stats", "cost", "human_labels")),
+    "compare": StageKeys(results=("classify.questions", "stats", "cost", "human_labels")),
     "label_sample": StageKeys(results=("classify.questions", "label_sample", "media_root")),
 }
 
@@ -186,13 +189,19 @@ def digest(value: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:FINGERPRINT_CHARS]
 
 
-def fingerprint(config: Mapping, stage: str) -> str:
-    """The fingerprint of what ``stage`` writes: its result settings (the rule's ``params``)."""
+def fingerprint(config: Mapping, stage: str, model: str | None = None) -> str:
+    """The fingerprint of what ``stage`` writes: its result settings (the rule's ``params``); for a
+    per-model stage, those of ``model``'s config (vidlabel.models.model_config)."""
+    if model is not None:
+        config = model_config(config, model)
     return digest([stage, result_settings(config, stage)])
 
 
-def for_job(config: Mapping, stage: str) -> FrozenSettings:
-    """What a job's adapter hands its stage: the frozen settings, logged in full with their fingerprint."""
-    log.info("%s settings %s: %s", stage, fingerprint(config, stage),
+def for_job(config: Mapping, stage: str, model: str | None = None) -> FrozenSettings:
+    """What a job's adapter hands its stage: the frozen settings (of ``model``'s config for a per-model
+    stage), logged in full with their fingerprint."""
+    if model is not None:
+        config = model_config(config, model)
+    log.info("%s settings %s%s: %s", stage, fingerprint(config, stage), f" (model {model})" if model else "",
              json.dumps(result_settings(config, stage), sort_keys=True, ensure_ascii=False, default=str))
     return stage_config(config, stage)

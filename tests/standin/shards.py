@@ -56,7 +56,7 @@ def manifest_rows(config: dict, posts: list[dict]) -> list[dict]:
     for p in posts:
         prompt = render_prompt(c["prompt_template"], p.get("caption"), p.get("transcript"), c["questions"])
         rows.append({
-            "request_id": request_id(p["post_id"], c["prompt_template"], c["questions"], c["model"]),
+            "request_id": request_id(p["post_id"], c["prompt_template"], c["questions"]),
             "post_id": p["post_id"], "video_path": p["media_path"], "media_path": p["media_path"],
             "caption": p.get("caption"), "transcript": p.get("transcript"), "prompt": prompt,
             "est_visual_tokens": 100, "est_text_tokens": len(prompt) // 4,

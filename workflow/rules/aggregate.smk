@@ -1,9 +1,9 @@
 def _plot(name, title):
     return report(
-        f"{RESULTS}/summary/plots/{name}.png",
+        f"{MODEL_DIR}/summary/plots/{name}.png",
         caption=f"../report/{name}.rst",
         category="Results",
-        labels={"figure": title},
+        labels={"model": "{model}", "figure": title},
     )
 
 
@@ -13,25 +13,25 @@ rule aggregate:
         human_labels=human_labels,
     output:
         prevalence=report(
-            f"{RESULTS}/summary/prevalence.csv",
+            f"{MODEL_DIR}/summary/prevalence.csv",
             caption="../report/prevalence_table.rst",
             category="Tables",
-            labels={"table": "prevalence"},
+            labels={"model": "{model}", "table": "prevalence"},
         ),
         agreement=report(
-            f"{RESULTS}/summary/agreement.csv",
+            f"{MODEL_DIR}/summary/agreement.csv",
             caption="../report/agreement_table.rst",
             category="Tables",
-            labels={"table": "agreement"},
+            labels={"model": "{model}", "table": "agreement"},
         ),
-        tokens=f"{RESULTS}/summary/tokens.csv",
-        throughput=f"{RESULTS}/summary/throughput.csv",
-        errors=f"{RESULTS}/summary/errors.csv",
+        tokens=f"{MODEL_DIR}/summary/tokens.csv",
+        throughput=f"{MODEL_DIR}/summary/throughput.csv",
+        errors=f"{MODEL_DIR}/summary/errors.csv",
         summary=report(
-            f"{RESULTS}/summary/summary.md",
+            f"{MODEL_DIR}/summary/summary.md",
             caption="../report/summary.rst",
             category="Tables",
-            labels={"table": "summary"},
+            labels={"model": "{model}", "table": "summary"},
         ),
         input_tokens=_plot("input_tokens", "input tokens per request"),
         output_tokens=_plot("output_tokens", "output tokens per request"),
@@ -40,11 +40,52 @@ rule aggregate:
         errors_plot=_plot("errors", "errors by kind"),
     params:
         # Its result settings: editing one reruns this job (vidlabel.settings).
-        settings=vidlabel.settings.fingerprint(config, "aggregate"),
-        summary_dir=f"{RESULTS}/summary",
+        settings=model_settings("aggregate"),
+        summary_dir=f"{MODEL_DIR}/summary",
     log:
-        "logs/aggregate.log",
+        "logs/aggregate/{model}.log",
     conda:
         "../../envs/stats.yaml"
     script:
         "../../scripts/aggregate.py"
+
+
+# The models side by side (docs/models.md): part of `all` when classify.models names two or more.
+rule compare:
+    input:
+        labels=expand(rules.merge.output[0], model=MODELS),
+        summaries=expand(rules.aggregate.output.summary, model=MODELS),
+        inventory=rules.inventory.output[0],
+        human_labels=human_labels,
+    output:
+        models=report(
+            f"{RESULTS}/compare/models.csv",
+            caption="../report/compare_models_table.rst",
+            category="Models compared",
+            labels={"table": "models"},
+        ),
+        agreement=f"{RESULTS}/compare/model_agreement.csv",
+        disagreements=f"{RESULTS}/compare/disagreements.csv",
+        summary=report(
+            f"{RESULTS}/compare/compare.md",
+            caption="../report/compare_summary.rst",
+            category="Models compared",
+            labels={"table": "summary"},
+        ),
+        prevalence_plot=report(
+            f"{RESULTS}/compare/plots/prevalence_by_model.png",
+            caption="../report/compare_prevalence.rst",
+            category="Models compared",
+            labels={"figure": "prevalence per model"},
+        ),
+    params:
+        # Its result settings: editing one reruns this job (vidlabel.settings).
+        settings=vidlabel.settings.fingerprint(config, "compare"),
+        models=MODELS,
+        compare_dir=f"{RESULTS}/compare",
+    log:
+        "logs/compare.log",
+    conda:
+        "../../envs/stats.yaml"
+    script:
+        "../../scripts/compare.py"

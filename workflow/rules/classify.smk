@@ -1,17 +1,17 @@
-# One job per shard: starts its own server (or uses classify.endpoints) and journals every answer.
-# The journal is undeclared so that a failed or killed job keeps it; the rerun resumes from it.
+# One job per model and shard: starts its own server (or uses classify.endpoints) and journals every
+# answer. The journal is undeclared so that a failed or killed job keeps it; the rerun resumes from it.
 rule classify:
     input:
         f"{RESULTS}/manifest/shard-{{shard}}.parquet",
     output:
-        f"{RESULTS}/labels/shard-{{shard}}.parquet",
+        f"{MODEL_DIR}/labels/shard-{{shard}}.parquet",
     params:
-        # Its result settings: editing one reruns this job (vidlabel.settings).
-        settings=vidlabel.settings.fingerprint(config, "classify"),
-        journal=f"{RESULTS}/journal/shard-{{shard}}.jsonl",
-        server_log="logs/classify/server-{shard}.log",
+        # Its result settings under this model's config: editing one reruns this model's jobs only.
+        settings=model_settings("classify"),
+        journal=f"{MODEL_DIR}/journal/shard-{{shard}}.jsonl",
+        server_log="logs/classify/{model}/server-{shard}.log",
     log:
-        "logs/classify/shard-{shard}.log",
+        "logs/classify/{model}/shard-{shard}.log",
     conda:
         "../../envs/classify.yaml"
     script:

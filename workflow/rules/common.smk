@@ -1,14 +1,20 @@
 # Paths and input functions shared by the rules.
+import re
+
 
 RESULTS = config["results"]
 TRANSCRIBE_CHUNKS = range(config["transcribe"]["chunks"])
 TRANSCODE_CHUNKS = range(config["planning"]["transcode"]["chunks"])
 SHARDS = range(config["classify"]["shards"])
+# Every model labels the same manifest into its own folder (vidlabel.models, docs/models.md).
+MODELS = vidlabel.models.names(config)
+MODEL_DIR = f"{RESULTS}/models/{{model}}"
 
 
 wildcard_constraints:
     chunk=r"\d+",
     shard=r"\d+",
+    model="|".join(re.escape(name) for name in MODELS),
 
 
 def transcript_chunks(wildcards):
@@ -24,7 +30,12 @@ def manifest_shards(wildcards):
 
 
 def label_shards(wildcards):
-    return expand(f"{RESULTS}/labels/shard-{{shard}}.parquet", shard=SHARDS)
+    return expand(f"{RESULTS}/models/{wildcards.model}/labels/shard-{{shard}}.parquet", shard=SHARDS)
+
+
+def model_settings(stage):
+    """A per-model rule's params: the fingerprint of the stage's settings under that model's config."""
+    return lambda wildcards: vidlabel.settings.fingerprint(config, stage, wildcards.model)
 
 
 def human_labels(wildcards):

@@ -1,18 +1,32 @@
-# `snakemake estimate`: classify a stratified pilot sample and project wall time, GPU-hours and cost.
-# Not part of `all`: it spends GPU time on purpose.
-rule estimate:
+# `snakemake estimate`: per model, classify a stratified pilot sample and project wall time, GPU-hours
+# and cost; then the models side by side. Not part of `all`: it spends GPU time on purpose.
+rule pilot:
     input:
         shards=manifest_shards,
     output:
-        json=f"{RESULTS}/estimate.json",
-        summary=f"{RESULTS}/estimate.md",
+        json=f"{MODEL_DIR}/estimate.json",
+        summary=f"{MODEL_DIR}/estimate.md",
     params:
-        # Its result settings: editing one reruns this job (vidlabel.settings).
-        settings=vidlabel.settings.fingerprint(config, "estimate"),
-        workdir=f"{RESULTS}/estimate",
+        # Its result settings under this model's config: editing one reruns this model's pilot only.
+        settings=model_settings("estimate"),
+        workdir=f"{MODEL_DIR}/estimate",
+        server_log="logs/estimate/{model}-server.log",
     log:
-        "logs/estimate.log",
+        "logs/estimate/{model}.log",
     conda:
         "../../envs/classify.yaml"
     script:
         "../../scripts/estimate.py"
+
+
+rule estimate:
+    input:
+        expand(rules.pilot.output.json, model=MODELS),
+    output:
+        f"{RESULTS}/estimate.md",
+    log:
+        "logs/estimate/models.log",
+    conda:
+        "../../envs/stats.yaml"
+    script:
+        "../../scripts/estimate_models.py"

@@ -4,9 +4,13 @@ def label_sample_burn_in(wildcards):
     return [config["label_sample"]["burn_in"]] if config["label_sample"]["burn_in"] else []
 
 
+# The model whose answer probabilities steer the draw; the sample serves every model.
+LABEL_SAMPLE_MODEL = config["label_sample"]["model"] or MODELS[0]
+
+
 rule label_sample:
     input:
-        labels=rules.merge.output[0],
+        labels=f"{RESULTS}/models/{LABEL_SAMPLE_MODEL}/labels.parquet",
         manifest=manifest_shards,
         burn_in=label_sample_burn_in,
     output:

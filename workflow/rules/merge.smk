@@ -4,12 +4,12 @@ rule merge:
         excluded=rules.manifest.output.excluded,
         labels=label_shards,
     output:
-        f"{RESULTS}/labels.parquet",
+        f"{MODEL_DIR}/labels.parquet",
     params:
         # Its result settings: editing one reruns this job (vidlabel.settings).
-        settings=vidlabel.settings.fingerprint(config, "merge"),
+        settings=model_settings("merge"),
     log:
-        "logs/merge.log",
+        "logs/merge/{model}.log",
     conda:
         "../../envs/stats.yaml"
     script:

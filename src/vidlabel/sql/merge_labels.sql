@@ -23,7 +23,8 @@ SELECT
     CAST(l.server AS VARCHAR) AS server,
     CAST(l.settings_fingerprint AS VARCHAR) AS settings_fingerprint,
     CAST(l.prompt_hash AS VARCHAR) AS prompt_hash,
-    CAST(l.request_fingerprint AS VARCHAR) AS request_fingerprint
+    CAST(l.request_fingerprint AS VARCHAR) AS request_fingerprint,
+    CAST(l.gpus AS BIGINT) AS gpus
 FROM inventory i
 LEFT JOIN shard_labels l USING (post_id)
 LEFT JOIN excluded e USING (post_id)

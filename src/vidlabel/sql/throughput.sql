@@ -6,8 +6,10 @@
 --            (model-instance seconds), so its rates are per model instance, comparable across runs;
 --            wall_requests_per_s is the whole campaign's rate (requests / overall span).
 -- Server start-up and model loading happen before the first request and are not included.
+-- GPU-hours: busy_s times the GPUs the shard's job held (labels.gpus, recorded by the job), or
+-- $gpus_per_job (cost.gpus_per_job) where the job used classify.endpoints and did not know them.
 WITH req AS (
-    SELECT shard, status, started_at, finished_at, prompt_tokens, completion_tokens
+    SELECT shard, status, started_at, finished_at, prompt_tokens, completion_tokens, gpus
     FROM labels
     WHERE shard IS NOT NULL AND status IN ('ok', 'error')
       AND started_at IS NOT NULL AND finished_at IS NOT NULL
@@ -41,6 +43,8 @@ per_shard AS (
         max(finished_at) AS last_finished_at,
         max(finished_at) - min(started_at) AS span_s,
         any_value(b.busy_s) AS busy_s,
+        coalesce(max(gpus), $gpus_per_job) AS gpus,
+        any_value(b.busy_s) * coalesce(max(gpus), $gpus_per_job) / 3600.0 AS gpu_hours,
         shard AS shard_number
     FROM req JOIN busy b USING (shard)
     GROUP BY shard
@@ -50,7 +54,7 @@ overall AS (
         sum(input_tokens) AS input_tokens, sum(output_tokens) AS output_tokens,
         min(first_started_at) AS first_started_at, max(last_finished_at) AS last_finished_at,
         max(last_finished_at) - min(first_started_at) AS span_s, sum(busy_s) AS busy_s,
-        NULL AS shard_number
+        NULL AS gpus, sum(gpu_hours) AS gpu_hours, NULL AS shard_number
     FROM per_shard
     HAVING count(*) > 0
 ),
@@ -61,13 +65,13 @@ combined AS (
 )
 SELECT
     shard, requests, ok, errors, input_tokens, output_tokens, first_started_at, last_finished_at,
-    span_s, busy_s,
+    span_s, busy_s, gpus,
     requests / nullif(busy_s, 0) AS requests_per_s,
     input_tokens / nullif(busy_s, 0) AS input_tokens_per_s,
     output_tokens / nullif(busy_s, 0) AS output_tokens_per_s,
     (input_tokens + output_tokens) / nullif(busy_s, 0) AS tokens_per_s,
     requests / nullif(span_s, 0) AS wall_requests_per_s,
-    busy_s * $gpus_per_job / 3600.0 AS gpu_hours,
-    busy_s * $gpus_per_job / 3600.0 * $gpu_hour_usd AS cost_usd
+    gpu_hours,
+    gpu_hours * $gpu_hour_usd AS cost_usd
 FROM combined
 ORDER BY shard_number NULLS LAST

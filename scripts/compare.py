@@ -1,0 +1,13 @@
+# Snakemake adapter: rule compare.
+from pathlib import Path
+
+from vidlabel.compare import run
+from vidlabel.logs import configure
+from vidlabel.settings import for_job
+
+configure(snakemake.log[0])
+config = for_job(snakemake.config, "compare")
+human = snakemake.input.human_labels[0] if snakemake.input.human_labels else None
+summary_dirs = [str(Path(p).parent) for p in snakemake.input.summaries]
+run(config, list(zip(snakemake.params.models, snakemake.input.labels, summary_dirs)), snakemake.input.inventory,
+    human, snakemake.params.compare_dir)
