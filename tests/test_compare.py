@@ -382,3 +382,41 @@ def test_compare_refuses_inputs_that_do_not_fit(world):
     with pytest.raises(compare.CompareError, match="given more than once"):
         _compare(world, [a, a], None)
     assert not (world["dir"] / "compare" / "models.csv").exists()
+
+
+def test_compare_never_calls_a_model_better_when_the_f1_intervals_overlap(world):
+    """Two models with the same error rates: their F1 intervals overlap, and compare.md says so."""
+    human, labels = _human(world)
+    a = _aggregate(_model(world, LAX, yes_if_true=0.85, yes_if_false=0.15), human)
+    b = _aggregate(_model(world, STRICT, yes_if_true=0.85, yes_if_false=0.15, seconds=6.0), human)
+    out = _compare(world, [a, b], human)
+    rows = {r["model"]: r for r in _read_csv(out / "models.csv") if r["question"] == "promotes_product"}
+    for model in (a, b):  # the F1 in models.csv is this model's, recomputed
+        tp, fp, fn, tn = _confusion(model, labels)
+        assert _f(rows[model["name"]]["f1"]) == pytest.approx(2 * tp / (2 * tp + fp + fn))
+    fa, fb = rows[LAX], rows[STRICT]
+    assert _f(fa["f1_lo"]) <= _f(fb["f1_hi"]) and _f(fb["f1_lo"]) <= _f(fa["f1_hi"])
+    md = (out / "compare.md").read_text()
+    assert (f"{LAX} and {STRICT}: their F1 intervals overlap: this human sample cannot tell them apart on this "
+            "question.") in md
+    assert "lies above" not in md and "agrees better" not in md
+    ratio = _f(fb["cost_usd"]) / _f(fa["cost_usd"])
+    assert ratio == pytest.approx(3.0, rel=0.05) and f"{ratio:.1f} x the cost" in md
+
+
+def test_compare_draws_a_placeholder_when_nothing_can_be_drawn(world, monkeypatch):
+    from vidlabel import plots
+
+    calls = []
+    real = plots.placeholder
+    monkeypatch.setattr(plots, "placeholder", lambda path, title, message: calls.append(message) or real(
+        path, title, message))
+    a = _aggregate(_model(world, LAX, yes_if_true=0, yes_if_false=0, answer_all=lambda i: None), None)
+    b = _aggregate(_model(world, STRICT, yes_if_true=0, yes_if_false=0, answer_all=lambda i: None), None)
+    calls.clear()  # the aggregates drew their own placeholders
+    out = _compare(world, [a, b], None)
+    assert calls == ["No model answered any post and no human label is usable:\nnothing to draw."]
+    assert (out / "plots" / "prevalence_by_model.png").read_bytes()[:8] == PNG_MAGIC
+    assert _read_csv(out / "disagreements.csv") == []  # nobody answered: nothing to compare
+    md = (out / "compare.md").read_text()
+    assert md.count("answered none of the") == 4 and "never both answered a post" in md
