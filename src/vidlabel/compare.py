@@ -54,9 +54,18 @@ DISAGREEMENT_KINDS = ("answers differ", "some gave no answer")
 # Rows of disagreements.csv shown in compare.md; the file holds them all.
 DISAGREEMENTS_SHOWN = 20
 SUMMARY_FILES = ("prevalence.csv", "agreement.csv", "throughput.csv")
-# Every model's answers in long form (sql/answers_long.sql per model, tagged with the model).
+# Every model's answers in long form: sql/answers_long.sql on each model's labels, tagged with the
+# model's position and name.
 MODEL_ANSWERS_TABLE = """CREATE TABLE model_answers (position INTEGER, model VARCHAR, post_id VARCHAR,
     status VARCHAR, question VARCHAR, answer VARCHAR, p_yes DOUBLE)"""
+MODEL_ANSWERS_INSERT = """INSERT INTO model_answers
+    SELECT $position, $name, post_id, status, question, answer, p_yes FROM ({answers_long})"""
+# One model's answers as the view sql/prevalence_model.sql reads.
+ONE_MODEL_ANSWERS = """CREATE OR REPLACE VIEW answers_long AS
+    SELECT post_id, status, question, answer, p_yes FROM model_answers WHERE position = {position:d}"""
+DISAGREEMENT_COUNTS = """SELECT question, kind, count(*) AS n, count(human_label) AS labelled
+    FROM disagreements GROUP BY ALL"""
+DISAGREEMENTS_FIRST = "SELECT * FROM disagreements LIMIT {limit:d}"
 
 
 class CompareError(ValueError):
@@ -131,8 +140,7 @@ def _load_model(con, ids: Sequence[str], position: int, name: str, labels_path, 
                        question_names=", ".join(duck.literal(q) for q in ids),
                        question_columns=", ".join(duck.identifier(q) for q in ids),
                        question_probs=", ".join(aggregate._answer_prob_expressions(con, ids)))
-    con.execute(f"INSERT INTO model_answers SELECT $position, $name, post_id, status, question, answer, p_yes "
-                f"FROM ({answers})", {"position": position, "name": name})
+    con.execute(MODEL_ANSWERS_INSERT.format(answers_long=answers), {"position": position, "name": name})
     provenance = provenance_counts(con)
     return {"name": name, "position": position, "labels_path": str(labels_path), "provenance": provenance,
             "model_ids": sorted({str(r[0]) for r in provenance}), "servers": sorted({str(r[1]) for r in provenance}),
@@ -155,8 +163,7 @@ def _read_summary(con, ids: Sequence[str], model: dict, summary_dir: Path) -> di
     if list(prevalence) != list(ids):
         raise CompareError(f"{summary_dir / 'prevalence.csv'} (model {name}) holds questions {list(prevalence)}, "
                            f"not classify.questions {list(ids)}: rerun the model's aggregate")
-    con.execute("CREATE OR REPLACE VIEW answers_long AS SELECT post_id, status, question, answer, p_yes "
-                f"FROM model_answers WHERE position = {int(model['position'])}")
+    con.execute(ONE_MODEL_ANSWERS.format(position=model["position"]))
     counted = {r["question"]: r for r in aggregate._rows(con, duck.sql("prevalence_model"))}
     for qid in ids:
         expected = counted.get(qid, {"posts": 0, "answered": 0, "yes": 0})
@@ -249,11 +256,10 @@ def write_disagreements(con, names: Sequence[str], path: Path) -> dict[str, Any]
     con.execute("CREATE OR REPLACE TABLE disagreements AS "
                 + duck.sql("compare_disagreements", answer_columns=",\n        ".join(columns)))
     duck.copy_to_csv(con, "SELECT * FROM disagreements", path)
-    counts = con.execute("SELECT question, kind, count(*), count(human_label) FROM disagreements "
-                         "GROUP BY ALL").fetchall()
+    counts = con.execute(DISAGREEMENT_COUNTS).fetchall()
     return {"total": sum(n for _, _, n, _ in counts),
             "counts": {(q, kind): (n, labelled) for q, kind, n, labelled in counts},
-            "first": aggregate._rows(con, f"SELECT * FROM disagreements LIMIT {DISAGREEMENTS_SHOWN}")}
+            "first": aggregate._rows(con, DISAGREEMENTS_FIRST.format(limit=DISAGREEMENTS_SHOWN))}
 
 
 def _quoted(column: str) -> str:
