@@ -379,6 +379,18 @@ def test_compare_refuses_inputs_that_do_not_fit(world):
     with pytest.raises(compare.CompareError, match=r"prevalence.csv \(model Strict_72B.fp8\) does not match .*"
                                                    r"rerun the model's aggregate"):
         _compare(world, [a, b], None)
+    # a summary made without the human labels the comparison is given, or at another confidence
+    b = _aggregate(_model(world, "unlabelled", yes_if_true=0.6, yes_if_false=0.05), None)
+    human, labels = _human(world)
+    _aggregate(a, human)
+    with pytest.raises(compare.CompareError, match=r"unlabelled/summary/prevalence.csv \(model unlabelled\) was made "
+                                                   r"with other human labels: question promotes_product: human_n 0 "
+                                                   rf"in the summary, {len(labels)} labelled posts in .*human.csv"):
+        _compare(world, [a, b], human)
+    cfg = _config()
+    cfg["stats"]["confidence"] = 0.9
+    with pytest.raises(compare.CompareError, match=r"intervals at confidence \['0.95'\], not stats.confidence 0.9"):
+        _compare(world, [a], human, cfg=cfg)
     with pytest.raises(compare.CompareError, match="given more than once"):
         _compare(world, [a, a], None)
     assert not (world["dir"] / "compare" / "models.csv").exists()

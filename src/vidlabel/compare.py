@@ -66,6 +66,12 @@ ONE_MODEL_ANSWERS = """CREATE OR REPLACE VIEW answers_long AS
 DISAGREEMENT_COUNTS = """SELECT question, kind, count(*) AS n, count(human_label) AS labelled
     FROM disagreements GROUP BY ALL"""
 DISAGREEMENTS_FIRST = "SELECT * FROM disagreements LIMIT {limit:d}"
+# Per model and question, the classified posts with a usable human label: the human_n its summary
+# must show if it was made with the same human labels.
+HUMAN_LABELLED_COUNTS = """SELECT a.position, a.question, count(*) AS human_n
+    FROM model_answers a JOIN human_valid h USING (post_id, question)
+    WHERE a.status IN ('ok', 'error')
+    GROUP BY ALL"""
 
 
 class CompareError(ValueError):
@@ -98,12 +104,13 @@ def run(config: dict[str, Any], models: list[tuple[str, str, str]], inventory_pa
     described = [_load_model(con, ids, position, name, labels_path, inventory_path)
                  for position, (name, labels_path, _) in enumerate(models)]
     for d, (_, _, summary_dir) in zip(described, models):
-        d["summary"] = _read_summary(con, ids, d, Path(summary_dir))
+        d["summary"] = _read_summary(con, ids, d, Path(summary_dir), confidence)
 
     # The human labels every model's summary was made with; the post sets are equal, so the first
     # model's labels serve for checking them.
     duck.parquet_view(con, "labels", described[0]["labels_path"])
     human = aggregate.load_human_labels(con, human_labels_path)
+    _check_human_counts(con, described, ids, human_labels_path)
 
     model_rows = models_table(described, ids, confidence)
     pair_rows = model_agreement(con, confidence, int(config["stats"]["bootstrap_samples"]))
@@ -152,7 +159,7 @@ def _read_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
-def _read_summary(con, ids: Sequence[str], model: dict, summary_dir: Path) -> dict[str, Any]:
+def _read_summary(con, ids: Sequence[str], model: dict, summary_dir: Path, confidence: float) -> dict[str, Any]:
     """The model's aggregate tables, checked against its labels: a summary made from other labels
     (a stale one) would put another run's numbers beside this one's."""
     name = model["name"]
@@ -163,6 +170,10 @@ def _read_summary(con, ids: Sequence[str], model: dict, summary_dir: Path) -> di
     if list(prevalence) != list(ids):
         raise CompareError(f"{summary_dir / 'prevalence.csv'} (model {name}) holds questions {list(prevalence)}, "
                            f"not classify.questions {list(ids)}: rerun the model's aggregate")
+    levels = {r["confidence"] for r in prevalence.values()}
+    if any(_float(level) != confidence for level in levels):
+        raise CompareError(f"{summary_dir / 'prevalence.csv'} (model {name}) has intervals at confidence "
+                           f"{sorted(levels)}, not stats.confidence {confidence}: rerun the model's aggregate")
     con.execute(ONE_MODEL_ANSWERS.format(position=model["position"]))
     counted = {r["question"]: r for r in aggregate._rows(con, duck.sql("prevalence_model"))}
     for qid in ids:
@@ -177,6 +188,21 @@ def _read_summary(con, ids: Sequence[str], model: dict, summary_dir: Path) -> di
     agreement = {r["question"]: r for r in _read_csv(summary_dir / "agreement.csv")}
     overall = next((r for r in _read_csv(summary_dir / "throughput.csv") if r["shard"] == "all"), {})
     return {"dir": str(summary_dir), "prevalence": prevalence, "agreement": agreement, "throughput": overall}
+
+
+def _check_human_counts(con, described: Sequence[dict], ids: Sequence[str], human_labels_path) -> None:
+    """Every model's summary was made with these human labels (or none): its human_n per question
+    is the number of its classified posts that carry one."""
+    counts = {(position, qid): n for position, qid, n in con.execute(HUMAN_LABELLED_COUNTS).fetchall()}
+    for d in described:
+        for qid in ids:
+            found = d["summary"]["prevalence"][qid].get("human_n") or "0"
+            expected = counts.get((d["position"], qid), 0)
+            if _int(found) != expected:
+                raise CompareError(
+                    f"{Path(d['summary']['dir']) / 'prevalence.csv'} (model {d['name']}) was made with other human "
+                    f"labels: question {qid}: human_n {found} in the summary, {expected} labelled posts in "
+                    f"{human_labels_path or 'no human-label file'}. Rerun the model's aggregate.")
 
 
 def _int(text) -> int | None:
