@@ -99,7 +99,8 @@ def stage_aggregate(workdir: Path, config: dict, args) -> dict:
     from vidlabel import aggregate
 
     for name in model_names(args):
-        aggregate.run(config, workdir / name / "labels.parquet", workdir / "human_labels.csv", workdir / name / "summary")
+        aggregate.run(config, workdir / name / "labels.parquet", workdir / "human_labels.csv",
+                      workdir / name / "summary")
     return {}
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import zlib
 
 import numpy as np
 import pyarrow as pa
@@ -61,7 +62,7 @@ def _model(world, name, *, yes_if_true, yes_if_false, failed=(), probs=False, se
            answer_all=None, config=None, drop_post=None):
     """Label shards for one model, merged and aggregated into world['dir']/name; returns the paths
     and the answers given (post index -> {question: answer} or None for a failed request)."""
-    rng = np.random.default_rng(zlib_seed(name))
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
     d = world["dir"] / name
     d.mkdir()
     answers, p_yes_given, shards = {}, {}, {0: [], 1: []}
@@ -109,11 +110,6 @@ def _model(world, name, *, yes_if_true, yes_if_false, failed=(), probs=False, se
     merge.merge(cfg, inventory, excluded, paths, labels)
     return {"name": name, "labels": labels, "summary": d / "summary", "answers": answers, "p_yes": p_yes_given,
             "config": cfg}
-
-
-def zlib_seed(name):
-    import zlib
-    return zlib.crc32(name.encode())
 
 
 def _aggregate(model, human):
@@ -208,7 +204,7 @@ def test_compare_two_models_every_file_checked(world):
         both = [i for i in world["classified"] if lax["answers"][i] and strict["answers"][i]]
         a = np.array([lax["answers"][i][qid] == "yes" for i in both], dtype=float)
         b = np.array([strict["answers"][i][qid] == "yes" for i in both], dtype=float)
-        counts = [int(np.sum(a * b)), int(np.sum(a * (1 - b))), int(np.sum((1 - a) * b)), int(np.sum((1 - a) * (1 - b)))]
+        counts = [int(np.sum(x * y)) for x, y in ((a, b), (a, 1 - b), (1 - a, b), (1 - a, 1 - b))]
         assert [int(p[k]) for k in ("both_answered", "both_yes", "only_a_yes", "only_b_yes", "both_no")] == [
             len(both), *counts]
         assert int(p["only_a_answered"]) == sum(1 for i in world["classified"]

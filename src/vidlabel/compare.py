@@ -376,7 +376,8 @@ def _question_section(qid: str, rows: list[dict], pairs: list[dict], disagreemen
                 if _finite(r["corrected"]):
                     s += (f"Corrected prevalence {_interval(r, 'corrected', _pct)} of all {int(r['posts']):,} "
                           f"classified posts ({r['corrected_method']}). ")
-            s += (f"Its own \"yes\" share: {_interval(r, 'model_share', _pct, 'model')} of the {int(r['answered']):,} posts "
+            s += (f"Its own \"yes\" share: {_interval(r, 'model_share', _pct, 'model')} of the "
+                  f"{int(r['answered']):,} posts "
                   "it answered.")
         out.append(s)
     if human:
