@@ -361,25 +361,25 @@ def _question_section(qid: str, rows: list[dict], pairs: list[dict], disagreemen
                       human: dict | None) -> list[str]:
     out = [f"### {qid}", ""]
     for r in rows:
-        s = f"- **{r['model']}**: "
         if not r["answered"]:
-            s += (f"answered none of the {int(r['posts']):,} classified posts (every request failed or gave no "
-                  "answer for this question): no share and no agreement with the human labels.")
-        else:
-            if human:
-                if _finite(r["agreement_n"]) and r["agreement_n"] > 0:
-                    s += (f"against the humans on the {int(r['agreement_n']):,} labelled posts it answered, "
-                          f"F1 {_interval(r, 'f1')}, precision {_interval(r, 'precision')}, recall "
-                          f"{_interval(r, 'recall')}, kappa {_interval(r, 'kappa')}. ")
-                else:
-                    s += "no human-labelled post has an answer of this model. "
-                if _finite(r["corrected"]):
-                    s += (f"Corrected prevalence {_interval(r, 'corrected', _pct)} of all {int(r['posts']):,} "
-                          f"classified posts ({r['corrected_method']}). ")
-            s += (f"Its own \"yes\" share: {_interval(r, 'model_share', _pct, 'model')} of the "
-                  f"{int(r['answered']):,} posts "
-                  "it answered.")
-        out.append(s)
+            out.append(f"- **{r['model']}**: answered none of the {int(r['posts']):,} classified posts (every request "
+                       "failed or gave no answer for this question): no share and no agreement with the human labels.")
+            continue
+        sentences = []
+        if human and _finite(r["agreement_n"]) and r["agreement_n"] > 0:
+            sentences.append(f"Against the humans on the {int(r['agreement_n']):,} labelled posts it answered: F1 "
+                             f"{_interval(r, 'f1')}, precision {_interval(r, 'precision')}, recall "
+                             f"{_interval(r, 'recall')}, kappa {_interval(r, 'kappa')}.")
+        elif human and _finite(r["human_n"]) and r["human_n"] > 0:
+            sentences.append("None of the human-labelled posts has an answer of this model.")
+        elif human:
+            sentences.append("No human label for this question.")
+        if _finite(r["corrected"]):
+            sentences.append(f"Corrected prevalence {_interval(r, 'corrected', _pct)} of all {int(r['posts']):,} "
+                             f"classified posts ({r['corrected_method']}).")
+        sentences.append(f"Its own \"yes\" share: {_interval(r, 'model_share', _pct, 'model')} of the "
+                         f"{int(r['answered']):,} posts it answered.")
+        out.append(f"- **{r['model']}**: " + " ".join(sentences))
     if human:
         human_row = next((r for r in rows if _finite(r["human_share"])), None)
         if human_row:
@@ -458,7 +458,8 @@ def compare_markdown(config: dict, described: Sequence[dict], ids: Sequence[str]
     names = [d["name"] for d in described]
     out = ["# Model comparison", ""]
     posts = int(rows[0]["posts"]) if rows and _finite(rows[0]["posts"]) else 0
-    out.append(f"{len(described)} model(s) labelled the same {posts:,} classified posts: "
+    models = f"{len(described)} model{'s' if len(described) > 1 else ''}"
+    out.append(f"{models} labelled the same {posts:,} classified posts: "
                + ", ".join(f"{d['name']} (`{'; '.join(d['model_ids']) or 'no answer recorded'}`)" for d in described)
                + f". Every interval is at {c}. Each model's own numbers come from its summary "
                + ", ".join(f"`{d['summary']['dir']}`" for d in described) + ".")
@@ -515,6 +516,8 @@ def compare_markdown(config: dict, described: Sequence[dict], ids: Sequence[str]
     out += ["", "## How these numbers are made", "",
             "- Per model (models.csv): copied from the model's own summary (prevalence.csv, agreement.csv, the `all` "
             "row of throughput.csv); summary.md there explains them.",
+            "- A model's own share is over the posts it answered; its interval reflects sampling only, not the "
+            "model's errors. The corrected share (all classified posts) combines the model's predictions with the human labels.",
             "- Agreement with the humans: precision, recall (Wilson intervals), F1 and kappa (percentile bootstrap) on "
             "the human-labelled posts the model answered; a model that failed on more labelled posts is measured on "
             "fewer.",
