@@ -517,7 +517,8 @@ def compare_markdown(config: dict, described: Sequence[dict], ids: Sequence[str]
             "- Per model (models.csv): copied from the model's own summary (prevalence.csv, agreement.csv, the `all` "
             "row of throughput.csv); summary.md there explains them.",
             "- A model's own share is over the posts it answered; its interval reflects sampling only, not the "
-            "model's errors. The corrected share (all classified posts) combines the model's predictions with the human labels.",
+            "model's errors. The corrected share (all classified posts) combines the model's predictions with the "
+            "human labels.",
             "- Agreement with the humans: precision, recall (Wilson intervals), F1 and kappa (percentile bootstrap) on "
             "the human-labelled posts the model answered; a model that failed on more labelled posts is measured on "
             "fewer.",
