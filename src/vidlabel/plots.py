@@ -149,3 +149,55 @@ def errors(rows: Sequence[dict[str, Any]], path: str | Path) -> None:
 
 def _finite(value) -> bool:
     return value is not None and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def prevalence_by_model(rows: Sequence[dict[str, Any]], path: str | Path, confidence: float) -> None:
+    """Per question, each model's own share (hollow) and corrected share (filled) with interval bars,
+    and the human-only share with its interval as a grey band across the question (the same human
+    labels serve every model). ``rows``: one per (model, question) with the columns of
+    compare's models.csv as floats."""
+    title = "Prevalence per question and model"
+    drawn = [r for r in rows if _finite(r.get("model_share")) or _finite(r.get("corrected"))
+             or _finite(r.get("human_share"))]
+    if not drawn:
+        placeholder(path, title, "No model answered any post and no human label is usable:\nnothing to draw.")
+        return
+    questions = list(dict.fromkeys(r["question"] for r in rows))
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    colors = plt.get_cmap("tab10")
+    width = max(6.0, 1.2 * len(questions) * max(1, len(models)) + 3)
+    fig, ax = plt.subplots(figsize=(min(width, 30.0), 4.5))
+    slots = np.linspace(-0.35, 0.35, 2 * len(models)) if len(models) > 1 else np.array([-0.1, 0.1])
+    human_labelled = False
+    for qi, question in enumerate(questions):
+        human = next((r for r in rows if r["question"] == question and _finite(r.get("human_share"))), None)
+        if human:
+            lo, hi = (human[k] if _finite(human.get(k)) else human["human_share"] for k in ("human_lo", "human_hi"))
+            ax.fill_between([qi - 0.45, qi + 0.45], lo, hi, color="0.85", zorder=0, linewidth=0)
+            ax.hlines(human["human_share"], qi - 0.45, qi + 0.45, color="0.4", linestyle="--", zorder=1,
+                      label=None if human_labelled else "human only (band: its interval)")
+            human_labelled = True
+    for mi, model in enumerate(models):
+        color = colors(mi % 10)
+        series = (("model_share", "model_lo", "model_hi", "own share (answered posts)", "white"),
+                  ("corrected", "corrected_lo", "corrected_hi", "corrected", color))
+        for si, (key, lo_key, hi_key, label, face) in enumerate(series):
+            pts = [(qi + slots[2 * mi + si], r[key], r.get(lo_key), r.get(hi_key))
+                   for qi, q in enumerate(questions) for r in rows
+                   if r["question"] == q and r["model"] == model and _finite(r.get(key))]
+            if not pts:
+                continue
+            xs, ys = np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
+            lo = np.array([p[2] if _finite(p[2]) else p[1] for p in pts])
+            hi = np.array([p[3] if _finite(p[3]) else p[1] for p in pts])
+            # a bound on the wrong side of its point (rounding at 0 or 1) draws as no bar on that side
+            ax.errorbar(xs, ys, yerr=[np.maximum(ys - lo, 0.0), np.maximum(hi - ys, 0.0)], fmt="o", color=color,
+                        markerfacecolor=face, capsize=3, label=f"{model}: {label}", zorder=2)
+    ax.set_xticks(np.arange(len(questions)), questions, rotation=20, ha="right")
+    ax.set_xlim(-0.6, len(questions) - 0.4)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("share answering yes")
+    ax.set_title(f"{title} ({confidence:.0%} intervals)")
+    ax.legend(frameon=False, fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    ax.grid(axis="y", alpha=0.3)
+    _save(fig, path)
