@@ -482,11 +482,13 @@ def local_rules() -> set[str]:
 # Each test's stand-in command differs (faults, barriers), and so do the fingerprints of the settings
 # and requests that name it; the answers and everything else must not.
 COMMAND_FINGERPRINTS = ("settings_fingerprint", "request_fingerprint")
+# The GPUs a job held: granted by SLURM on the cluster, none on the local profile.
+LAYOUT_COLUMNS = ("gpus",)
 
 
 def labels_by_post(workdir: Path, ignore: tuple[str, ...] = ()) -> dict[str, dict]:
     rows = pq.read_table(default_model_dir(workdir / "results") / "labels.parquet").to_pylist()
-    left_out = TIMING_COLUMNS | set(COMMAND_FINGERPRINTS) | set(ignore)
+    left_out = TIMING_COLUMNS | set(COMMAND_FINGERPRINTS) | set(LAYOUT_COLUMNS) | set(ignore)
     return {r["post_id"]: {k: v for k, v in r.items() if k not in left_out} for r in rows}
 
 

@@ -152,6 +152,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--load-format", default="auto")
     p.add_argument("--max-logprobs", type=int, default=20)
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--quantization", "-q", default=None)
+    p.add_argument("--kv-cache-dtype", default="auto")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--faults-file", default=None,
                    help="JSON list of further arguments (faults), read at start: a test changes the faults "

@@ -64,8 +64,18 @@ rule compare:
             category="Models compared",
             labels={"table": "models"},
         ),
-        agreement=f"{RESULTS}/compare/model_agreement.csv",
-        disagreements=f"{RESULTS}/compare/disagreements.csv",
+        agreement=report(
+            f"{RESULTS}/compare/model_agreement.csv",
+            caption="../report/compare_agreement_table.rst",
+            category="Models compared",
+            labels={"table": "agreement between models"},
+        ),
+        disagreements=report(
+            f"{RESULTS}/compare/disagreements.csv",
+            caption="../report/compare_disagreements_table.rst",
+            category="Models compared",
+            labels={"table": "disagreements"},
+        ),
         summary=report(
             f"{RESULTS}/compare/compare.md",
             caption="../report/compare_summary.rst",
@@ -74,7 +84,7 @@ rule compare:
         ),
         prevalence_plot=report(
             f"{RESULTS}/compare/plots/prevalence_by_model.png",
-            caption="../report/compare_prevalence.rst",
+            caption="../report/compare_prevalence_by_model.rst",
             category="Models compared",
             labels={"figure": "prevalence per model"},
         ),
