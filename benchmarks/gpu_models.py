@@ -140,7 +140,9 @@ def report(work: Path) -> None:
                 gpus = "/".join(sorted({r["gpus"] for r in rows if r["shard"] != "all"}))
             def since(t):
                 return f"{t - launched:.0f} s" if t and launched else "?"
-            print(f"| {name} ({log.name}) | {time.strftime('%H:%M:%S', time.localtime(launched)) if launched else '?'} | "
+
+            clock = time.strftime("%H:%M:%S", time.localtime(launched)) if launched else "?"
+            print(f"| {name} ({log.name}) | {clock} | "
                   f"{since(ready)} | {since(stopped)} | {row.get('ok', '?')} / {row.get('errors', '?')} | "
                   f"{row.get('input_tokens', '?')} | {float(row['busy_s']) / 3600:.4f} | {gpus} | "
                   f"{float(row['gpu_hours']):.4f} |" if row else f"| {name} | not aggregated yet |")

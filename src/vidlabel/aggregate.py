@@ -99,24 +99,24 @@ def run(config: dict[str, Any], labels_path: str | Path, human_labels_path: str 
     ids = question_ids(config)
     con = duck.connect()
     duck.parquet_view(con, "labels", labels_path)
-    if "gpus" not in _columns(con, "labels"):  # merged before jobs recorded their GPUs: cost.gpus_per_job
+    if "gpus" not in relation_columns(con, "labels"):  # merged before jobs recorded their GPUs: cost.gpus_per_job
         con.read_parquet(str(labels_path)).project("*, NULL::BIGINT AS gpus").create_view("labels", replace=True)
-    _check_label_columns(con, ids, labels_path)
-    _register(con, "questions", pa.table({"question": ids, "position": list(range(len(ids)))}))
+    check_label_columns(con, ids, labels_path)
+    register_table(con, "questions", pa.table({"question": ids, "position": list(range(len(ids)))}))
     con.execute("CREATE TABLE answers_long AS " + duck.sql(
         "answers_long",
         question_names=", ".join(duck.literal(q) for q in ids),
         question_columns=", ".join(duck.identifier(q) for q in ids),
-        question_probs=", ".join(_answer_prob_expressions(con, ids))))
+        question_probs=", ".join(answer_prob_expressions(con, ids))))
 
     human = load_human_labels(con, human_labels_path)
     prevalence_rows = prevalence(con, ids, confidence, human)
     agreement_rows = agreement(con, ids, confidence, int(config["stats"]["bootstrap_samples"])) if human else []
-    tokens_rows = _rows(con, duck.sql("tokens"))
-    throughput_rows = _rows(con, duck.sql("throughput"), {
+    tokens_rows = query_rows(con, duck.sql("tokens"))
+    throughput_rows = query_rows(con, duck.sql("throughput"), {
         "gpus_per_job": int(config["cost"]["gpus_per_job"]),
         "gpu_hour_usd": float(config["cost"]["gpu_hour_usd"])})
-    errors_rows = _rows(con, duck.sql("errors"))
+    errors_rows = query_rows(con, duck.sql("errors"))
 
     write_csv(summary_dir / "prevalence.csv", PREVALENCE_COLUMNS, prevalence_rows)
     write_csv(summary_dir / "agreement.csv", AGREEMENT_COLUMNS, agreement_rows)
@@ -154,18 +154,18 @@ def provenance_section(con, config: dict[str, Any]) -> list[str]:
 # --------------------------------------------------------------------------------------------
 # Inputs
 
-def _register(con, name: str, table: pa.Table) -> None:
+def register_table(con, name: str, table: pa.Table) -> None:
     con.register(f"{name}_arrow", table)
     con.execute(f"CREATE OR REPLACE TABLE {name} AS SELECT * FROM {name}_arrow")
     con.unregister(f"{name}_arrow")
 
 
-def _columns(con, relation: str) -> list[str]:
+def relation_columns(con, relation: str) -> list[str]:
     return [row[0] for row in con.execute(f"DESCRIBE {relation}").fetchall()]
 
 
-def _check_label_columns(con, ids: Sequence[str], labels_path) -> None:
-    columns = set(_columns(con, "labels"))
+def check_label_columns(con, ids: Sequence[str], labels_path) -> None:
+    columns = set(relation_columns(con, "labels"))
     missing = [c for c in FIXED_COLUMNS if c not in columns and c not in OPTIONAL_LABEL_COLUMNS]
     missing += [q for q in ids if q not in columns]
     if missing:
@@ -173,10 +173,10 @@ def _check_label_columns(con, ids: Sequence[str], labels_path) -> None:
                          "Rerun the merge rule.")
 
 
-def _answer_prob_expressions(con, ids: Sequence[str]) -> list[str]:
+def answer_prob_expressions(con, ids: Sequence[str]) -> list[str]:
     """Per question, the SQL expression of the model's P(yes) (sql/answer_prob.sql), or NULL for
     labels written before ``answer_probs`` existed."""
-    if "answer_probs" not in _columns(con, "labels"):
+    if "answer_probs" not in relation_columns(con, "labels"):
         return ["CAST(NULL AS DOUBLE)"] * len(ids)
     return ["(" + duck.sql("answer_prob", path=duck.literal(f'$.{duck.identifier(q)}')) + ")" for q in ids]
 
@@ -227,7 +227,7 @@ def load_human_labels(con, path: str | Path | None) -> dict[str, Any] | None:
         raise HumanLabelError(f"human labels file {path} does not exist (config key human_labels)")
     try:
         _read_human_raw(con, path)
-        columns = {c.lower(): c for c in _columns(con, "human_raw")}
+        columns = {c.lower(): c for c in relation_columns(con, "human_raw")}
     except HumanLabelError:
         raise
     except Exception as exc:  # duckdb raises several exception types for unreadable files
@@ -295,7 +295,7 @@ def _resolution_examples(examples: Iterable[dict]) -> str:
 # --------------------------------------------------------------------------------------------
 # Prevalence and agreement
 
-def _rows(con, query: str, params: dict | None = None) -> list[dict[str, Any]]:
+def query_rows(con, query: str, params: dict | None = None) -> list[dict[str, Any]]:
     cur = con.execute(query, params) if params else con.execute(query)
     names = [d[0] for d in cur.description]
     return [dict(zip(names, row)) for row in cur.fetchall()]
@@ -303,7 +303,7 @@ def _rows(con, query: str, params: dict | None = None) -> list[dict[str, Any]]:
 
 def ppi_moments(con) -> dict[str, dict[str, Any]]:
     """PPI++ moments per question from table ``ppi_items`` (sql/ppi_moments.sql)."""
-    return {row["question"]: row for row in _rows(con, duck.sql("ppi_moments"))}
+    return {row["question"]: row for row in query_rows(con, duck.sql("ppi_moments"))}
 
 
 def ppi_moments_from_items(items: pa.Table) -> dict[str, dict[str, Any]]:
@@ -311,12 +311,12 @@ def ppi_moments_from_items(items: pa.Table) -> dict[str, dict[str, Any]]:
     r = inverse sampling probability of a labelled item. Used by the tests and the simulation, where
     ``question`` can stand for a simulated dataset so that hundreds are computed in one query."""
     con = duck.connect()
-    _register(con, "ppi_items", items)
+    register_table(con, "ppi_items", items)
     return ppi_moments(con)
 
 
 def prevalence(con, ids: Sequence[str], confidence: float, human: dict | None) -> list[dict[str, Any]]:
-    model = {r["question"]: r for r in _rows(con, duck.sql("prevalence_model"))}
+    model = {r["question"]: r for r in query_rows(con, duck.sql("prevalence_model"))}
     moments: dict[str, dict] = {}
     if human:
         con.execute(duck.sql("ppi_items"))
@@ -447,7 +447,7 @@ def _crosscheck(con, qid, y, yhat, yhat_all, mom, confidence) -> list[str]:
 
 
 def agreement(con, ids: Sequence[str], confidence: float, bootstrap_samples: int) -> list[dict[str, Any]]:
-    counts = {r["question"]: r for r in _rows(con, duck.sql("agreement_counts"))}
+    counts = {r["question"]: r for r in query_rows(con, duck.sql("agreement_counts"))}
     method = (f"Wilson: accuracy, precision, recall; percentile bootstrap ({bootstrap_samples} resamples "
               "of the labelled pairs): f1, kappa (in simulation these covered 93-97 % at 150 or more labels, "
               "docs/statistics.md)")

@@ -98,8 +98,8 @@ def run(config: dict[str, Any], models: list[tuple[str, str, str]], inventory_pa
 
     con = duck.connect()
     duck.parquet_view(con, "inventory", inventory_path)
-    aggregate._register(con, "questions", pa.table({"question": ids, "position": list(range(len(ids)))}))
-    aggregate._register(con, "models", pa.table({"position": list(range(len(names))), "name": names}))
+    aggregate.register_table(con, "questions", pa.table({"question": ids, "position": list(range(len(ids)))}))
+    aggregate.register_table(con, "models", pa.table({"position": list(range(len(names))), "name": names}))
     con.execute(MODEL_ANSWERS_TABLE)
     described = [_load_model(con, ids, position, name, labels_path, inventory_path)
                  for position, (name, labels_path, _) in enumerate(models)]
@@ -131,8 +131,8 @@ def run(config: dict[str, Any], models: list[tuple[str, str, str]], inventory_pa
 def _load_model(con, ids: Sequence[str], position: int, name: str, labels_path, inventory_path) -> dict[str, Any]:
     """Check one model's labels.parquet and add its answers to table ``model_answers``."""
     duck.parquet_view(con, "labels", labels_path)
-    aggregate._check_label_columns(con, ids, labels_path)
-    other_questions = [c for c in aggregate._columns(con, "labels") if c not in FIXED_COLUMNS and c not in ids]
+    aggregate.check_label_columns(con, ids, labels_path)
+    other_questions = [c for c in aggregate.relation_columns(con, "labels") if c not in FIXED_COLUMNS and c not in ids]
     if other_questions:
         raise CompareError(f"{labels_path} (model {name}) holds question column(s) {other_questions} that "
                            f"classify.questions does not have ({list(ids)}): it was labelled with another question "
@@ -146,7 +146,7 @@ def _load_model(con, ids: Sequence[str], position: int, name: str, labels_path, 
     answers = duck.sql("answers_long",
                        question_names=", ".join(duck.literal(q) for q in ids),
                        question_columns=", ".join(duck.identifier(q) for q in ids),
-                       question_probs=", ".join(aggregate._answer_prob_expressions(con, ids)))
+                       question_probs=", ".join(aggregate.answer_prob_expressions(con, ids)))
     con.execute(MODEL_ANSWERS_INSERT.format(answers_long=answers), {"position": position, "name": name})
     provenance = provenance_counts(con)
     return {"name": name, "position": position, "labels_path": str(labels_path), "provenance": provenance,
@@ -175,7 +175,7 @@ def _read_summary(con, ids: Sequence[str], model: dict, summary_dir: Path, confi
         raise CompareError(f"{summary_dir / 'prevalence.csv'} (model {name}) has intervals at confidence "
                            f"{sorted(levels)}, not stats.confidence {confidence}: rerun the model's aggregate")
     con.execute(ONE_MODEL_ANSWERS.format(position=model["position"]))
-    counted = {r["question"]: r for r in aggregate._rows(con, duck.sql("prevalence_model"))}
+    counted = {r["question"]: r for r in aggregate.query_rows(con, duck.sql("prevalence_model"))}
     for qid in ids:
         expected = counted.get(qid, {"posts": 0, "answered": 0, "yes": 0})
         found = prevalence[qid]
@@ -244,7 +244,7 @@ def model_agreement(con, confidence: float, bootstrap_samples: int) -> list[dict
     method = (f"Wilson: agreement; percentile bootstrap ({bootstrap_samples} resamples of the posts both "
               "answered): kappa")
     rows = []
-    for c in aggregate._rows(con, duck.sql("compare_pairs")):
+    for c in aggregate.query_rows(con, duck.sql("compare_pairs")):
         both_yes, only_a, only_b, both_no = (int(c[k]) for k in ("both_yes", "only_a_yes", "only_b_yes", "both_no"))
         n = int(c["both_answered"])
         seed = zlib.crc32(f"{c['question']}|{c['model_a']}|{c['model_b']}".encode())
@@ -285,7 +285,7 @@ def write_disagreements(con, names: Sequence[str], path: Path) -> dict[str, Any]
     counts = con.execute(DISAGREEMENT_COUNTS).fetchall()
     return {"total": sum(n for _, _, n, _ in counts),
             "counts": {(q, kind): (n, labelled) for q, kind, n, labelled in counts},
-            "first": aggregate._rows(con, DISAGREEMENTS_FIRST.format(limit=DISAGREEMENTS_SHOWN))}
+            "first": aggregate.query_rows(con, DISAGREEMENTS_FIRST.format(limit=DISAGREEMENTS_SHOWN))}
 
 
 def _quoted(column: str) -> str:
