@@ -27,6 +27,6 @@ rule estimate:
     log:
         "logs/estimate/models.log",
     conda:
-        "../../envs/stats.yaml"
+        "../../envs/classify.yaml"
     script:
         "../../scripts/estimate_models.py"
