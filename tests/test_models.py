@@ -70,6 +70,18 @@ def test_bad_model_lists_name_the_key(classify, extra, message):
         _validate(classify, **extra)
 
 
+def test_a_model_served_elsewhere_comes_in_through_its_own_endpoints():
+    cfg = _validate({"models": ["Qwen/Qwen2.5-VL-7B-Instruct",
+                                {"model": "gpt-4o-video", "endpoints": ["http://lab-server:8000/v1"],
+                                 "api_key_env": "LAB_KEY"}]})
+    remote = models.model_config(cfg, "gpt-4o-video")["classify"]
+    local = models.model_config(cfg, "Qwen2.5-VL-7B-Instruct")["classify"]
+    assert remote["endpoints"] == ["http://lab-server:8000/v1"] and remote["api_key_env"] == "LAB_KEY"
+    assert local["endpoints"] == [] and local["api_key_env"] == "VIDLABEL_API_KEY"
+    assert models.own_servers(cfg)  # the 7B still starts its own server: the media path is checked
+    assert not models.own_servers(_validate({"models": [{"model": "m", "endpoints": ["http://h:1/v1"]}]}))
+
+
 def test_default_names_are_folder_names():
     assert models.default_name("Qwen/Qwen2.5-VL-72B-Instruct") == "Qwen2.5-VL-72B-Instruct"
     assert models.default_name("/models/my model (v2)/") == "my-model-v2"
