@@ -37,7 +37,7 @@ import pytest
 import yaml
 
 import vidlabel.slurm
-from conftest import default_model_dir, run_snakemake, write_overlay
+from conftest import default_model_dir, model_dir, run_snakemake, write_overlay
 from standin import read_request_log, standin_command
 
 REPO = Path(__file__).resolve().parents[1]
@@ -487,7 +487,7 @@ LAYOUT_COLUMNS = ("gpus",)
 
 
 def labels_by_post(workdir: Path, ignore: tuple[str, ...] = ()) -> dict[str, dict]:
-    rows = pq.read_table(default_model_dir(workdir / "results") / "labels.parquet").to_pylist()
+    rows = pq.read_table(model_dir(workdir / "results") / "labels.parquet").to_pylist()
     left_out = TIMING_COLUMNS | set(COMMAND_FINGERPRINTS) | set(LAYOUT_COLUMNS) | set(ignore)
     return {r["post_id"]: {k: v for k, v in r.items() if k not in left_out} for r in rows}
 
@@ -1057,6 +1057,9 @@ def test_killed_head_leaves_a_lock_that_the_documented_unlock_clears(killed_head
         assert "snakemake --profile profiles/slurm --unlock" in doc.read_text(), doc
 
 
+COPIES_MODEL = "standin-7B"  # its size in the name makes auto lay out one copy per GPU
+
+
 @pytest.fixture(scope="module")
 def copies_run(slurm_cluster, demo_set, tmp_path_factory, local_reference):
     """classify only (upstream results copied from the local reference), with a model that fits one
@@ -1064,7 +1067,7 @@ def copies_run(slurm_cluster, demo_set, tmp_path_factory, local_reference):
     workdir = prepared_workdir(
         "slurm-copies", tmp_path_factory, demo_set, local_reference,
         lambda wd: standin_command(sys.executable, wd / "requests.jsonl", *YES_IF, "--latency", "0.2"),
-        {"model": "standin-7B", "gpu_memory_gib": 80, "concurrency": 1})
+        {"model": COPIES_MODEL, "gpu_memory_gib": 80, "concurrency": 1})
     profile = overlay_profile(slurm_cluster, workdir / "profile")
     run = run_workflow(slurm_cluster, workdir, profile)
     assert run.proc.returncode == 0, run.output[-8000:]
@@ -1076,13 +1079,13 @@ def copies_run(slurm_cluster, demo_set, tmp_path_factory, local_reference):
 def test_each_server_copy_is_bound_to_its_own_granted_gpu(copies_run, local_reference):
     workdir = copies_run
     for shard in (0, 1):
-        job_log = (workdir / "logs" / "classify" / MODEL / f"shard-{shard}.log").read_text()
+        job_log = (workdir / "logs" / "classify" / COPIES_MODEL / f"shard-{shard}.log").read_text()
         granted = re.search(r"auto: tensor 1 x data 4 .*?4 GPUs \(CUDA_VISIBLE_DEVICES: ([\d,]+)\)", job_log)
         assert granted, job_log[-3000:]
         gpus = granted.group(1).split(",")
         bound = []
         for copy in range(4):
-            log = (workdir / "logs" / "classify" / MODEL / f"server-{shard}.copy-{copy}.log").read_text()
+            log = (workdir / "logs" / "classify" / COPIES_MODEL / f"server-{shard}.copy-{copy}.log").read_text()
             found = re.findall(r"CUDA_VISIBLE_DEVICES (\S+?),", log)
             assert len(found) == 1, log
             bound.append(found[0])
