@@ -1,4 +1,4 @@
-"""Simulated populations and samples shared by benchmarks/coverage.py and benchmarks/active_sampling.py.
+"""Simulated populations and samples shared by benchmarks/interval_coverage.py and benchmarks/active_sampling.py.
 
 A population is N posts with a true label Y and the model's P(yes). Every function works on R
 datasets at once (arrays (R, N)) so that a thousand repetitions take seconds.

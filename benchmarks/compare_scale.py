@@ -26,8 +26,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 REPO = Path(__file__).resolve().parents[1]
-# benchmarks/coverage.py would shadow the coverage package that numba (under ppi_py) imports
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(REPO / "src"))
 
 from vidlabel import config as cfgmod  # noqa: E402

@@ -42,6 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from vidlabel import config as cfgmod, models  # noqa: E402
+from vidlabel.classify import LABEL_SCHEMA  # noqa: E402
 
 STAGES = ["data", "manifest", "labels", "merge", "aggregate", "posts_check", "dryrun", "dryrun_done"]
 GOAL_STAGES = ("manifest", "merge", "aggregate")
@@ -156,7 +157,7 @@ def stage_labels(workdir: Path, config: dict, args) -> dict:
         completion = np.clip(rng.normal(250, 60, m), 20, 512).astype(np.int64)
         service = 16 * 2.95 * rng.uniform(0.5, 1.5, m)  # 16 in flight, ~2.95 s per request per instance
         started = 1.7e9 + np.arange(m) * 2.95
-        pq.write_table(pa.table({
+        columns = {
             "request_id": req.column("request_id"), "post_id": req.column("post_id"),
             "shard": np.full(m, s, np.int64), "status": np.where(failed, "error", "ok").astype(object),
             "error_kind": np.where(failed, "timeout", None).astype(object),
@@ -166,7 +167,12 @@ def stage_labels(workdir: Path, config: dict, args) -> dict:
             "finish_reason": np.where(failed, None, "stop").astype(object),
             "prompt_tokens": pa.array(np.where(failed, 0, prompt), mask=failed),
             "completion_tokens": pa.array(np.where(failed, 0, completion), mask=failed),
-            "est_prompt_tokens": est, "raw_text": answers, "answers": answers}), dst)
+            "est_prompt_tokens": est, "raw_text": answers, "answers": answers,
+            "model": np.full(m, config["classify"]["model"], object), "server": np.full(m, "synthetic", object),
+            "sends": np.ones(m, np.int64), "gpus": np.full(m, 4, np.int64)}
+        # The rest of what a classify job writes (no log-probabilities, no fingerprints): nulls.
+        pq.write_table(pa.table({f.name: columns.get(f.name, pa.nulls(m, f.type)) for f in LABEL_SCHEMA},
+                                schema=LABEL_SCHEMA), dst)
         truth_all.append(truth)
         ids_all.append(ids)
     # 150 human labels per question on a uniform random sample of classified posts.

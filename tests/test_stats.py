@@ -416,7 +416,7 @@ def _uniform_reported(rng, reps, n_posts, n, prevalence):
 
 @pytest.mark.parametrize("prevalence", [0.01, 0.05, 0.3])
 def test_small_coverage_check_of_the_reported_intervals(prevalence):
-    """A small version of benchmarks/coverage.py (N = 3,000, 150 labels, 300 repetitions): the
+    """A small version of benchmarks/interval_coverage.py (N = 3,000, 150 labels, 300 repetitions): the
     reported corrected interval and the Wilson human-only interval cover, and no reported interval
     has zero width (at prevalence 0.01 a fifth of the samples have no positive at all)."""
     rng = np.random.default_rng(int(prevalence * 1000))

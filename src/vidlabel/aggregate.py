@@ -68,11 +68,11 @@ PLOTS = ("input_tokens", "output_tokens", "prevalence", "throughput", "errors")
 # the corrected share describing the answered posts only.
 NO_ANSWER_SHARE_ALPHA = 0.01
 # Under unequal sampling probabilities, fewer effective events than this left the reported interval
-# at 92-93 % coverage in benchmarks/coverage.py when the probabilities followed the model's P(yes)
+# at 92-93 % coverage in benchmarks/interval_coverage.py when the probabilities followed the model's P(yes)
 # (0.95 or more when they followed its uncertainty, as vidlabel.sampling draws them); said in a note.
 WEIGHTED_FEW_EVENTS = 30
 # Below this many labels Wilson's coverage oscillates down to 0.93 at some prevalences
-# (benchmarks/coverage.py: 0.928 at prevalence 0.05 with 30 labels); said in a note.
+# (benchmarks/interval_coverage.py: 0.928 at prevalence 0.05 with 30 labels); said in a note.
 FEW_LABELS_FOR_WILSON = 50
 TIMELINE_BINS = 200
 # The SQL moments must reproduce ppi_py; a larger gap means a bug, reported loudly.

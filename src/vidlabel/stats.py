@@ -361,7 +361,7 @@ def corrected_interval(estimate, se, events, human_lo, human_hi, confidence: flo
 
     - Student t quantile with ``events - 1`` degrees of freedom instead of the normal one: the
       variance rests on that many events and lambda is tuned on the same labels; this is what brings
-      the coverage at 20-50 events from 0.92-0.93 up to >= 0.94 (benchmarks/coverage.py).
+      the coverage at 20-50 events from 0.92-0.93 up to >= 0.94 (benchmarks/interval_coverage.py).
     - Below ``MIN_EVENTS`` events, the hull with the human-only interval: it covers the truth
       whenever either does, so it keeps the human-only interval's coverage where the corrected
       one's normal approximation fails.

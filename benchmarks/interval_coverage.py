@@ -1,6 +1,6 @@
 """Coverage of every interval summary.md reports, by simulation (issue: intervals you can publish).
 
-    .venv/bin/python benchmarks/coverage.py [--reps 1000] [--posts 35000] [--seed 1]
+    .venv/bin/python benchmarks/interval_coverage.py [--reps 1000] [--posts 35000] [--seed 1]
 
 For each design, prevalence (0.01, 0.05, 0.3, 0.5) and number of human labels n (30, 150, 600) it
 draws ``--reps`` populations of ``--posts`` posts (``_stats_sim.population``: calibrated model, Beta
