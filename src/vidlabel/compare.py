@@ -491,7 +491,8 @@ def compare_markdown(config: dict, described: Sequence[dict], ids: Sequence[str]
         out.append(f"| {name} | " + " | ".join(cells) + " |")
     out += ["", f"Busy time: the time with a request in flight, summed over shard jobs; GPU-hours and cost at each "
                 f"model's GPUs per job and ${config['cost']['gpu_hour_usd']} per GPU-hour (server start-up not "
-                "included), as in each model's summary.", ""]
+                "included), as in each model's summary. Before a full run, `snakemake estimate` projects each model's "
+                "wall time, GPU-hours and cost from a pilot, start-up included: results/estimate.md.", ""]
 
     out += ["## Disagreements", ""]
     if len(described) == 1:
