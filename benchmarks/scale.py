@@ -1,22 +1,25 @@
 """Scale: 1,000,000 synthetic posts through the data stages, and `snakemake -n` on that plan.
 
-    .venv/bin/python benchmarks/scale.py [--posts 1000000] [--shards 512] [--chunks 64] [--dir /tmp/vidlabel-scale]
+    .venv/bin/python benchmarks/scale.py [--posts 1000000] [--shards 512] [--chunks 64] [--models 1]
+                                         [--dir /tmp/vidlabel-scale]
 
 Stages, in order, each in its own Python process (so wall time and peak memory, ru_maxrss, are its own):
   data         synthetic posts table, inventory (heavy-tailed durations, mixed resolutions, 0.5% probe
                errors) and transcript chunks, laid out as the workflow does (docs/outputs.md); setup, not timed
                against the goal
   manifest     vidlabel.manifest.build: token estimates, context gate, token-balanced shards
-  labels       synthetic classify output that follows the manifest shards (same request ids, posts and
-               estimates; 2% failed requests, a biased model); stands in for the GPU jobs, not timed
-  merge        vidlabel.merge.merge -> labels.parquet
-  aggregate    vidlabel.aggregate.run with 150 human labels per question -> summary/
+  labels       synthetic classify output of each of ``--models`` models (classify.models) that follows the
+               manifest shards (same request ids, posts and estimates; 2% failed requests, each model biased
+               its own way, log-probabilities for the first); stands in for the GPU jobs, not timed
+  merge        vidlabel.merge.merge -> labels.parquet, per model
+  aggregate    vidlabel.aggregate.run with 150 human labels per question -> summary/, per model
+  compare      vidlabel.compare.run on every model -> compare/ (skipped with one model, as `all` does)
   posts_check  vidlabel.inventory.load_posts on the posts table: what the Snakefile runs at parse time
   dryrun       `snakemake -n` with the real Snakefile (config/config.yaml plus an overlay: the posts table,
                classify.shards, transcribe.chunks) before a run: empty results, every job of the plan listed;
                its peak is the snakemake process's
   dryrun_done  the same on the work dir the data stages filled (every output present: nothing to be done)
-Goals (issue 5): manifest + merge + aggregate <= 60 s and each <= 4 GB; the dry run <= 15 s.
+Goals (issue 5): manifest + merge + aggregate (+ compare) <= 60 s and each <= 4 GB; the dry run <= 15 s.
 Add a stage by writing ``stage_<name>(workdir, config, args) -> dict`` and adding its name to STAGES.
 """
 
@@ -44,8 +47,8 @@ sys.path.insert(0, str(REPO / "src"))
 from vidlabel import config as cfgmod, models  # noqa: E402
 from vidlabel.classify import LABEL_SCHEMA  # noqa: E402
 
-STAGES = ["data", "manifest", "labels", "merge", "aggregate", "posts_check", "dryrun", "dryrun_done"]
-GOAL_STAGES = ("manifest", "merge", "aggregate")
+STAGES = ["data", "manifest", "labels", "merge", "aggregate", "compare", "posts_check", "dryrun", "dryrun_done"]
+GOAL_STAGES = ("manifest", "merge", "aggregate", "compare")
 GOAL_DATA_S, GOAL_DATA_MB, GOAL_DRYRUN_S = 60.0, 4096, 15.0
 QUESTIONS = [{"id": "promotes_product", "text": "Is a product promoted?"},
              {"id": "mentions_price", "text": "Is a price mentioned?"},
@@ -54,31 +57,40 @@ RESOLUTIONS = np.array([(720, 1280), (1080, 1920), (1280, 720), (1920, 1080), (4
 WORDS = np.array("the a product buy great shoes today check link bio love this video new sale".split())
 
 
-def overlay(workdir: Path, shards: int, chunks: int, results: Path | None = None) -> dict:
+def model_names(n: int) -> list[str]:
+    return [f"model-{k}" for k in range(n)]
+
+
+def overlay(workdir: Path, args, results: Path | None = None) -> dict:
     """The config over config/config.yaml, for the stages here and for the dry runs alike."""
     return {"posts": str(workdir / "posts.parquet"), "media_root": str(workdir / "media"),
             "results": str(results or workdir / "results"), "human_labels": str(workdir / "human_labels.csv"),
-            "transcribe": {"chunks": chunks},
+            "transcribe": {"chunks": args.chunks},
             # Qwen2.5-VL-72B serves 128k; seed 000 saw prompts up to ~123k tokens.
-            "classify": {"shards": shards, "max_model_len": 131072, "questions": QUESTIONS}}
+            "classify": {"shards": args.shards, "max_model_len": 131072, "questions": QUESTIONS,
+                         "models": model_names(args.models)}}
 
 
-def make_config(workdir: Path, shards: int, chunks: int) -> dict:
-    return cfgmod.validate(overlay(workdir, shards, chunks))
+def make_config(workdir: Path, args) -> dict:
+    return cfgmod.validate(overlay(workdir, args))
 
 
 def paths(workdir: Path, config: dict) -> dict:
     """Every file a stage reads or writes, where the Snakefile puts it."""
     res = Path(config["results"])
-    model = res / "models" / models.names(config)[0]
+    shards = range(config["classify"]["shards"])
     return {
         "posts": Path(config["posts"]), "media": Path(config["media_root"]),
         "inventory": res / "inventory.parquet",
         "transcripts": [res / "transcripts" / f"chunk-{i}.parquet" for i in range(config["transcribe"]["chunks"])],
         "manifest": [res / "manifest" / f"shard-{i}.parquet" for i in range(config["classify"]["shards"])],
         "excluded": res / "manifest" / "excluded.parquet", "plan": res / "manifest" / "plan.csv",
-        "label_shards": [model / "labels" / f"shard-{i}.parquet" for i in range(config["classify"]["shards"])],
-        "labels": model / "labels.parquet", "human": Path(config["human_labels"]), "summary": model / "summary",
+        "human": Path(config["human_labels"]), "compare": res / "compare",
+        # Per model (results/models/<name>/, vidlabel.models).
+        "label_shards": {m: [res / "models" / m / "labels" / f"shard-{i}.parquet" for i in shards]
+                         for m in models.names(config)},
+        "labels": {m: res / "models" / m / "labels.parquet" for m in models.names(config)},
+        "summary": {m: res / "models" / m / "summary" for m in models.names(config)},
     }
 
 
@@ -135,46 +147,25 @@ def stage_manifest(workdir: Path, config: dict, args) -> dict:
 
 
 def stage_labels(workdir: Path, config: dict, args) -> dict:
-    """Label shards that follow the manifest shards: 2% failed requests, a biased model, plausible tokens/times."""
+    """Label shards per model that follow the manifest shards: 2% failed requests, each model biased its own
+    way (recall 0.69 -> 0.9, false "yes" 0.09 -> 0.25 from the first model to the last), plausible tokens/times."""
     p = paths(workdir, config)
     rng = np.random.default_rng(1)
-    p["label_shards"][0].parent.mkdir(parents=True, exist_ok=True)
+    names = models.names(config)
+    for shards in p["label_shards"].values():
+        shards[0].parent.mkdir(parents=True, exist_ok=True)
     nq = len(QUESTIONS)
     answer_text = np.array([json.dumps({q["id"]: ("yes" if bits >> k & 1 else "no") for k, q in enumerate(QUESTIONS)})
                             for bits in range(2 ** nq)], dtype=object)
     truth_all, ids_all = [], []
-    for s, (src, dst) in enumerate(zip(p["manifest"], p["label_shards"])):
+    for s, src in enumerate(p["manifest"]):
         req = pq.read_table(src, columns=["request_id", "post_id", "est_prompt_tokens"])
         ids = req.column("post_id").to_numpy(zero_copy_only=False)
-        est = req.column("est_prompt_tokens").to_numpy()
-        m = ids.size
-        truth = rng.random((m, nq)) < np.array([0.53, 0.2, 0.7])
-        says = np.where(truth, rng.random(truth.shape) < 0.69, rng.random(truth.shape) < 0.09)
-        answers = answer_text[(says * (1 << np.arange(nq))).sum(axis=1)]
-        failed = rng.random(m) < 0.02
-        answers[failed] = None
-        prompt = np.rint(est * rng.uniform(0.97, 1.03, m)).astype(np.int64)  # the estimate is close, not exact
-        completion = np.clip(rng.normal(250, 60, m), 20, 512).astype(np.int64)
-        service = 16 * 2.95 * rng.uniform(0.5, 1.5, m)  # 16 in flight, ~2.95 s per request per instance
-        started = 1.7e9 + np.arange(m) * 2.95
-        columns = {
-            "request_id": req.column("request_id"), "post_id": req.column("post_id"),
-            "shard": np.full(m, s, np.int64), "status": np.where(failed, "error", "ok").astype(object),
-            "error_kind": np.where(failed, "timeout", None).astype(object),
-            "error": np.where(failed, "deadline exceeded", None).astype(object),
-            "http_status": pa.nulls(m, pa.int64()), "attempts": np.ones(m, np.int64), "latency_s": service,
-            "started_at": started, "finished_at": started + service,
-            "finish_reason": np.where(failed, None, "stop").astype(object),
-            "prompt_tokens": pa.array(np.where(failed, 0, prompt), mask=failed),
-            "completion_tokens": pa.array(np.where(failed, 0, completion), mask=failed),
-            "est_prompt_tokens": est, "raw_text": answers, "answers": answers,
-            "model": np.full(m, config["classify"]["model"], object), "server": np.full(m, "synthetic", object),
-            "sends": np.ones(m, np.int64), "gpus": np.full(m, 4, np.int64)}
-        # The rest of what a classify job writes (no log-probabilities, no fingerprints): nulls.
-        pq.write_table(pa.table({f.name: columns.get(f.name, pa.nulls(m, f.type)) for f in LABEL_SCHEMA},
-                                schema=LABEL_SCHEMA), dst)
+        truth = rng.random((ids.size, nq)) < np.array([0.53, 0.2, 0.7])
         truth_all.append(truth)
         ids_all.append(ids)
+        for k, name in enumerate(names):
+            write_label_shard(config, rng, req, s, k, name, truth, answer_text, p["label_shards"][name][s])
     # 150 human labels per question on a uniform random sample of classified posts.
     ids = np.concatenate(ids_all)
     truth = np.concatenate(truth_all)
@@ -184,25 +175,83 @@ def stage_labels(workdir: Path, config: dict, args) -> dict:
         for k, q in enumerate(QUESTIONS):
             for i in pick:
                 fh.write(f"{ids[i]},{q['id']},{'yes' if truth[i, k] else 'no'}\n")
-    return {"requests": int(ids.size), "true_share": [round(float(x), 4) for x in truth.mean(axis=0)]}
+    return {"requests": int(ids.size), "models": len(names),
+            "true_share": [round(float(x), 4) for x in truth.mean(axis=0)]}
+
+
+def write_label_shard(config: dict, rng, req: pa.Table, s: int, k: int, name: str, truth: np.ndarray,
+                      answer_text: np.ndarray, dst: Path) -> None:
+    """What model ``k``'s classify job of shard ``s`` writes for the manifest rows ``req``."""
+    m, nq = truth.shape
+    est = req.column("est_prompt_tokens").to_numpy()
+    spread = k / max(1, len(config["classify"]["models"]) - 1)
+    says = np.where(truth, rng.random(truth.shape) < 0.69 + 0.21 * spread,
+                    rng.random(truth.shape) < 0.09 + 0.16 * spread)
+    answers = answer_text[(says * (1 << np.arange(nq))).sum(axis=1)]
+    failed = rng.random(m) < 0.02
+    answers[failed] = None
+    prompt = np.rint(est * rng.uniform(0.97, 1.03, m)).astype(np.int64)  # the estimate is close, not exact
+    completion = np.clip(rng.normal(250, 60, m), 20, 512).astype(np.int64)
+    service = 16 * 2.95 * rng.uniform(0.5, 1.5, m)  # 16 in flight, ~2.95 s per request per instance
+    started = 1.7e9 + np.arange(m) * 2.95
+    columns = {
+        "request_id": req.column("request_id"), "post_id": req.column("post_id"),
+        "shard": np.full(m, s, np.int64), "status": np.where(failed, "error", "ok").astype(object),
+        "error_kind": np.where(failed, "timeout", None).astype(object),
+        "error": np.where(failed, "deadline exceeded", None).astype(object),
+        "http_status": pa.nulls(m, pa.int64()), "attempts": np.ones(m, np.int64), "latency_s": service,
+        "started_at": started, "finished_at": started + service,
+        "finish_reason": np.where(failed, None, "stop").astype(object),
+        "prompt_tokens": pa.array(np.where(failed, 0, prompt), mask=failed),
+        "completion_tokens": pa.array(np.where(failed, 0, completion), mask=failed),
+        "est_prompt_tokens": est, "raw_text": answers, "answers": answers,
+        "model": np.full(m, name, object), "server": np.full(m, "synthetic", object),
+        "sends": np.ones(m, np.int64), "gpus": np.full(m, 4, np.int64)}
+    if k == 0:  # the first model's server gave log-probabilities: P(yes) on the side of its answer
+        p_yes = np.where(says, rng.uniform(0.5, 1, says.shape), rng.uniform(0, 0.5, says.shape)).round(4)
+        columns["answer_probs"] = np.array(
+            [None if bad else json.dumps({q["id"]: {"yes": py, "no": 1 - py} for q, py in zip(QUESTIONS, row)})
+             for row, bad in zip(p_yes.tolist(), failed)], dtype=object)
+    # The rest of what a classify job writes (no fingerprints): nulls.
+    pq.write_table(pa.table({f.name: columns.get(f.name, pa.nulls(m, f.type)) for f in LABEL_SCHEMA},
+                            schema=LABEL_SCHEMA), dst)
 
 
 def stage_merge(workdir: Path, config: dict, args) -> dict:
     from vidlabel import merge
 
     p = paths(workdir, config)
-    merge.merge(config, p["inventory"], p["excluded"], p["label_shards"], p["labels"])
-    return {"rows": pq.read_metadata(p["labels"]).num_rows, "mb": round(p["labels"].stat().st_size / 2**20, 1)}
+    for name, labels in p["labels"].items():
+        merge.merge(config, p["inventory"], p["excluded"], p["label_shards"][name], labels)
+    first = next(iter(p["labels"].values()))
+    return {"rows": pq.read_metadata(first).num_rows, "mb": round(first.stat().st_size / 2**20, 1),
+            "models": len(p["labels"])}
 
 
 def stage_aggregate(workdir: Path, config: dict, args) -> dict:
     from vidlabel import aggregate
 
     p = paths(workdir, config)
-    aggregate.run(config, p["labels"], p["human"], p["summary"])
-    prev = list(csv.DictReader(open(p["summary"] / "prevalence.csv")))
-    return {"corrected": [f"{r['question']}={float(r['corrected']):.3f}"
-                          f"[{float(r['corrected_lo']):.3f},{float(r['corrected_hi']):.3f}]" for r in prev]}
+    corrected = []
+    for name, labels in p["labels"].items():
+        aggregate.run(config, labels, p["human"], p["summary"][name])
+        prev = list(csv.DictReader(open(p["summary"][name] / "prevalence.csv")))
+        corrected += [f"{name}:{r['question']}={float(r['corrected']):.3f}"
+                      f"[{float(r['corrected_lo']):.3f},{float(r['corrected_hi']):.3f}]" for r in prev]
+    return {"corrected": corrected}
+
+
+def stage_compare(workdir: Path, config: dict, args) -> dict:
+    """The models side by side; with one model `all` has no compare job, so neither has this."""
+    from vidlabel import compare
+
+    p = paths(workdir, config)
+    if len(p["labels"]) < 2:
+        return {"skipped": "one model"}
+    compare.run(config, [(name, str(labels), str(p["summary"][name])) for name, labels in p["labels"].items()],
+                str(p["inventory"]), str(p["human"]), str(p["compare"]))
+    with open(p["compare"] / "disagreements.csv") as fh:
+        return {"disagreement_rows": sum(1 for _ in fh) - 1}
 
 
 def stage_posts_check(workdir: Path, config: dict, args) -> dict:
@@ -218,7 +267,7 @@ def _dry_run(workdir: Path, rundir: Path, results: Path, args) -> dict:
     """`snakemake -n` with the real Snakefile in ``rundir``; the peak is the snakemake process's (RUSAGE_CHILDREN)."""
     rundir.mkdir(parents=True, exist_ok=True)
     overlay_path = rundir / "overlay.yaml"
-    cfg = overlay(workdir, args.shards, args.chunks, results)
+    cfg = overlay(workdir, args, results)
     if not Path(cfg["human_labels"]).exists():  # the labels stage writes it; without it the plan has none
         cfg["human_labels"] = None
     overlay_path.write_text(json.dumps(cfg, indent=1))  # JSON is YAML
@@ -247,7 +296,7 @@ def stage_dryrun_done(workdir: Path, config: dict, args) -> dict:
 def run_stage(name: str, args) -> dict:
     """In this (child) process: run one stage, report its time and peak memory as JSON."""
     workdir = Path(args.dir)
-    config = make_config(workdir, args.shards, args.chunks)
+    config = make_config(workdir, args)
     t0 = time.perf_counter()
     extra = globals()[f"stage_{name}"](workdir, config, args)
     wall = time.perf_counter() - t0
@@ -273,6 +322,7 @@ def main() -> int:
     ap.add_argument("--posts", type=int, default=1_000_000)
     ap.add_argument("--shards", type=int, default=512, help="classify.shards")
     ap.add_argument("--chunks", type=int, default=64, help="transcribe.chunks")
+    ap.add_argument("--models", type=int, default=1, help="models labelling the posts (classify.models)")
     ap.add_argument("--dir", default="/tmp/vidlabel-scale")
     ap.add_argument("--stage", help=argparse.SUPPRESS)  # internal: run one stage in this process
     ap.add_argument("--stages", default=",".join(STAGES), help="comma-separated stages to run (default: all)")
@@ -282,12 +332,14 @@ def main() -> int:
         return 0
     workdir = Path(args.dir).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
-    print(f"{args.posts:,} posts, {args.shards} shards, {args.chunks} transcript chunks in {workdir}; "
+    print(f"{args.posts:,} posts, {args.shards} shards, {args.chunks} transcript chunks, {args.models} model(s) "
+          f"in {workdir}; "
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs", flush=True)
     rows = []
     for name in args.stages.split(","):
         proc = subprocess.run([sys.executable, __file__, "--stage", name, "--dir", str(workdir), "--posts",
-                               str(args.posts), "--shards", str(args.shards), "--chunks", str(args.chunks)],
+                               str(args.posts), "--shards", str(args.shards), "--chunks", str(args.chunks),
+                               "--models", str(args.models)],
                               capture_output=True, text=True)
         if proc.returncode != 0:
             print(f"{name}: FAILED\n{proc.stderr[-3000:]}")

@@ -52,6 +52,7 @@ def test_parameter_count_from_the_model_config_matches_the_published_sizes():
 def test_auto_picks_the_smallest_tensor_parallel_size_that_fits(model, n, memory, tensor, data):
     layout = choose_layout(config(model, memory), 32768, gpus(n))
     assert (layout.tensor, layout.data) == (tensor, data), layout.reason
+    assert layout.held == n  # what the job's labels record as its GPUs
     assert "smallest tensor-parallel size that fits" in layout.reason
     assert layout.groups() == [tuple(str(i) for i in range(k * tensor, (k + 1) * tensor)) for k in range(data)]
     # The decision names its inputs.
@@ -121,6 +122,9 @@ def test_unknown_size_or_memory_uses_every_gpu_for_one_copy(monkeypatch, tmp_pat
     by_name = choose_layout(config("org/Some-VL-7B", 80.0), 1000, gpus(4))
     assert by_name.data == 4 and "KV size unknown (size in the model name" in by_name.reason
     assert "nan" not in by_name.reason
+    # No GPU seen (a stand-in server): one copy, and no GPUs the labels could count.
+    alone = choose_layout(config(QWEN_7B, 80.0), 1000, {})
+    assert alone.gpus == ("0",) and alone.held == 0
 
 
 def test_model_files_from_the_hugging_face_cache_and_weights_from_the_index(monkeypatch, tmp_path):

@@ -52,7 +52,7 @@ from vidlabel.endpoints import NoLiveEndpoint
 from vidlabel.error_kinds import FatalClientError
 from vidlabel.io import write_parquet
 from vidlabel.journal import Journal, JournalLocked, iter_records
-from vidlabel.parallelism import choose_layout, granted_gpus
+from vidlabel.parallelism import choose_layout
 from vidlabel.server import (ServerBusy, ServerError, ServerGroup, answer_settings, log_tail, server_copies,
                              smoke_request)
 
@@ -355,7 +355,7 @@ async def _classify(config: dict, provenance: Provenance, rows: list[dict], pend
             largest = max(int(r["est_prompt_tokens"] or 0) for r in pending) + c["max_tokens"]
             layout = choose_layout(config, largest)
             log.info("shard %d: parallelism %s", shard, layout.reason)
-            provenance = replace(provenance, gpus=len(granted_gpus()[0]) or None)  # none seen: a stand-in
+            provenance = replace(provenance, gpus=layout.held or None)
             # Requests in flight scale with the copies: classify.concurrency is per copy.
             settings.concurrency *= layout.data
             server = ServerGroup(config, server_copies(config, layout, server_log_path)).start()

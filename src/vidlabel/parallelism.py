@@ -77,6 +77,7 @@ class Layout:
     data: int
     gpus: tuple[str, ...]
     reason: str
+    held: int = 0  # GPUs the job was granted (0: none seen, only a stand-in server can run)
 
     def groups(self) -> list[tuple[str, ...]]:
         """The GPUs of each copy: consecutive ids, ``tensor`` per copy."""
@@ -262,7 +263,7 @@ def choose_layout(config: dict, largest_request_tokens: int, environ=os.environ,
                 f"but the job has {len(gpus)} ({gpu_source}: {','.join(gpus)})")
         ids = tuple(gpus[:tensor * data]) if gpus else tuple(str(i) for i in range(tensor * data))
         unused = f"; {len(gpus) - tensor * data} GPUs left unused" if gpus and len(gpus) > tensor * data else ""
-        return Layout(tensor, data, ids, f"classify.parallelism: tensor {tensor} x data {data}{unused}")
+        return Layout(tensor, data, ids, f"classify.parallelism: tensor {tensor} x data {data}{unused}", held=len(gpus))
 
     n = max(1, len(gpus))
     ids = tuple(gpus) if gpus else ("0",)
@@ -275,7 +276,7 @@ def choose_layout(config: dict, largest_request_tokens: int, environ=os.environ,
               f"{largest_request_tokens} tokens")
     if footprint is None or memory is None:
         why = "model size unknown" if footprint is None else "GPU memory unknown"
-        return Layout(n, 1, ids, f"auto: {why}, one copy over every GPU: tensor {n} x data 1; {inputs}")
+        return Layout(n, 1, ids, f"auto: {why}, one copy over every GPU: tensor {n} x data 1; {inputs}", held=len(gpus))
     candidates = [t for t in range(1, n + 1) if n % t == 0
                   and (footprint.attention_heads is None or footprint.attention_heads % t == 0)]
     kv = ("KV size unknown" if math.isnan(footprint.kv_bytes_per_token)
@@ -285,6 +286,6 @@ def choose_layout(config: dict, largest_request_tokens: int, environ=os.environ,
         if fits(footprint, tensor, memory, c["gpu_memory_utilization"], largest_request_tokens):
             return Layout(tensor, n // tensor, ids,
                           f"auto: tensor {tensor} x data {n // tensor} (smallest tensor-parallel size that fits); "
-                          f"{weights}; {inputs}")
+                          f"{weights}; {inputs}", held=len(gpus))
     return Layout(n, 1, ids, f"auto: the model does not fit even at tensor {n}; trying one copy over every GPU "
-                             f"anyway (vLLM will say what is missing); {weights}; {inputs}")
+                             f"anyway (vLLM will say what is missing); {weights}; {inputs}", held=len(gpus))
