@@ -20,20 +20,20 @@ sys.path.insert(0, f"{workflow.basedir}/src")
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [f"{workflow.basedir}/src", os.environ.get("PYTHONPATH")]))
 
 # Fail before any job: a bad key or a bad posts table is reported with the key / rows at fault.
-import vidlabel.config
-import vidlabel.inventory
-import vidlabel.models
-import vidlabel.planning
-import vidlabel.settings
-import vidlabel.slurm
+import vidlabel.core.config
+import vidlabel.core.models
+import vidlabel.core.settings
+import vidlabel.core.slurm
+import vidlabel.prepare.inventory
+import vidlabel.prepare.planning
 
-vidlabel.config.validate(config, f"{workflow.basedir}/workflow/schemas/config.schema.yaml")
+vidlabel.core.config.validate(config, f"{workflow.basedir}/workflow/schemas/config.schema.yaml")
 if workflow.is_main_process:
-    vidlabel.inventory.load_posts(config["posts"], config["media_root"])
-    if vidlabel.models.own_servers(config):
-        vidlabel.planning.allowed_media_path(config)  # the one directory the server may read
+    vidlabel.prepare.inventory.load_posts(config["posts"], config["media_root"])
+    if vidlabel.core.models.own_servers(config):
+        vidlabel.prepare.planning.allowed_media_path(config)  # the one directory the server may read
     # The SLURM plugin would keep a job cancelled with scancel ("CANCELLED by <uid>") running for ever.
-    vidlabel.slurm.read_failure_states_by_base_name()
+    vidlabel.core.slurm.read_failure_states_by_base_name()
 
 
 include: "workflow/rules/common.smk"

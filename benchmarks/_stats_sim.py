@@ -14,7 +14,8 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from vidlabel import aggregate, sampling, stats  # noqa: E402
+from vidlabel import stats  # noqa: E402
+from vidlabel.analyze import aggregate, sampling
 
 
 def population(rng, reps: int, n_posts: int, prevalence: float, concentration: float, model: str):
@@ -53,7 +54,7 @@ def simple_random_sample(rng, reps: int, n_posts: int, n: int) -> np.ndarray:
 
 
 def active_design(p: np.ndarray, budget: int, floor_share: float) -> np.ndarray:
-    """(R, N) inclusion probabilities of the active design (vidlabel.sampling) per dataset."""
+    """(R, N) inclusion probabilities of the active design (vidlabel.analyze.sampling) per dataset."""
     return np.stack([sampling.inclusion_probabilities(sampling.post_uncertainty(row), budget, floor_share)
                      for row in p])
 

@@ -7,12 +7,12 @@ For each prevalence, model and label budget it draws ``--reps`` populations of `
 (``_stats_sim.population``) and, on each, three estimates from the same budget:
   classical  human labels of a simple random sample only (Wilson),
   uniform    PPI++ on that simple random sample with the model's P(yes) (the production SQL; the
-             reported interval of vidlabel.stats.corrected_interval),
-  active     a Poisson sample with pi from vidlabel.sampling (sqrt of p(1 - p), uniform floor
-             ``--floor-share``) and the active estimator vidlabel.stats.active_mean, reported the
+             reported interval of vidlabel.analyze.stats.corrected_interval),
+  active     a Poisson sample with pi from vidlabel.analyze.sampling (sqrt of p(1 - p), uniform floor
+             ``--floor-share``) and the active estimator vidlabel.analyze.stats.active_mean, reported the
              same way.
   burn-in    a uniform burn-in of ``--burn-in-share`` of the budget, then the rest drawn by
-             vidlabel.sampling.burn_in_design (P(yes) recalibrated on the burn-in, floor
+             vidlabel.analyze.sampling.burn_in_design (P(yes) recalibrated on the burn-in, floor
              ``--burn-in-floor-share``, every labelled post with its inclusion probability in the
              union of the two samples); the recalibrated P(yes) is the prediction.
 Models: calibrated (Beta concentration ``--concentration``), overconfident (same ranking,
@@ -29,9 +29,16 @@ import argparse
 import time
 
 import numpy as np
-
-from _stats_sim import (active_design, covers, poisson_draw, population, sampling, simple_random_sample, stats,
-                        uniform_ppi)
+from _stats_sim import (
+    active_design,
+    covers,
+    poisson_draw,
+    population,
+    sampling,
+    simple_random_sample,
+    stats,
+    uniform_ppi,
+)
 
 PREVALENCES = (0.05, 0.15, 0.3)
 MODELS = ("calibrated", "overconfident", "uninformative", "constant")
@@ -47,7 +54,7 @@ def reported(estimate, se, truth, f, labelled, human, pi=None):
 
 
 def burn_in_estimate(rng, truth, p, budget, floor_share, burn_in_share):
-    """A uniform burn-in (``--burn-in-share`` of the budget), then vidlabel.sampling.burn_in_design
+    """A uniform burn-in (``--burn-in-share`` of the budget), then vidlabel.analyze.sampling.burn_in_design
     for the rest; estimate with the recalibrated P(yes) as prediction."""
     reps, n_posts = truth.shape
     first = int(round(budget * burn_in_share))

@@ -68,9 +68,9 @@ def _child(spec: dict) -> dict:
     if spec["client"] == "openai":
         answered, error = asyncio.run(_plain_openai(spec)), None
     else:
-        from vidlabel import config as vconfig
-        from vidlabel.classify import run_shard
-        from vidlabel.journal import read_latest
+        from vidlabel.core import config as vconfig
+        from vidlabel.core.journal import read_latest
+        from vidlabel.serve.classify import run_shard
 
         cfg = vconfig.validate({"posts": "unused.csv", "media_root": spec["media_root"],
                                 "results": spec["workdir"], "classify": spec["classify"]})
@@ -164,7 +164,13 @@ def _server_figures(logs: list[Path]) -> tuple[int, int]:
 def _setup(work: Path, n: int) -> tuple[Path, Path, dict]:
     sys.path.insert(0, str(ROOT / "tests"))
     sys.path.insert(0, str(ROOT / "src"))
-    from standin.shards import QUESTIONS, make_config, make_video, manifest_rows, write_manifest
+    from standin.shards import (
+        QUESTIONS,
+        make_config,
+        make_video,
+        manifest_rows,
+        write_manifest,
+    )
 
     media = work / "media"
     make_video(media / "clip.mp4")

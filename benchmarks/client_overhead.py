@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import tempfile
 import os
 import resource
+import tempfile
 import time
 from pathlib import Path
 
 from _common import setup
 
-from vidlabel.client import ClassifyClient, ClientSettings, run
-from vidlabel.server import VLLMServer
+from vidlabel.serve.client import ClassifyClient, ClientSettings, run
+from vidlabel.serve.server import VLLMServer
 
 
 def _cpu_of(pid: int) -> float:

@@ -6,8 +6,8 @@ The stand-in server (tests/standin/server.py) serves ``--slots`` requests at onc
 time proportional to tokens (``--prefill-tokens-per-s``, ``--decode-tokens-per-s``, plus a fixed
 ``--latency``); its video tokens come from the file size, so sparse files of log-normal sizes make a
 heavy-tailed set. The manifest's estimates are the true counts with 15 % log-normal noise. The
-pilot (``vidlabel.estimate.run``) classifies a stratified 5 % and projects the whole shard; then
-the whole shard is classified by ``vidlabel.classify.run_shard`` and timed. Goal (issue 5): within +-15 %.
+pilot (``vidlabel.serve.estimate.run``) classifies a stratified 5 % and projects the whole shard; then
+the whole shard is classified by ``vidlabel.serve.classify.run_shard`` and timed. Goal (issue 5): within +-15 %.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "tests"))
 
 from standin.shards import make_config, manifest_rows, write_manifest  # noqa: E402
-from vidlabel import classify, estimate  # noqa: E402
+
+from vidlabel import estimate  # noqa: E402
+from vidlabel.serve import classify
 
 
 def main() -> int:

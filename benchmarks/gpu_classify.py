@@ -22,7 +22,7 @@ instead, to try the script without a GPU). Steps:
 ``prepare``  per media mode (``--modes raw,transcoded``): inventory, transcode (its CPU seconds
              measured) and manifest with vidlabel's stage functions and the default config, and the
              decode cost of the media the server will read; no GPU needed.
-``run``      per variant, ``vidlabel.classify.run_shard`` with the configured server command, which
+``run``      per variant, ``vidlabel.serve.classify.run_shard`` with the configured server command, which
              starts, uses and stops its own server (``prepare`` runs first where needed). Variants are
              dash-joined words: ``default``, ``transcoded``, ``apiN`` (API servers), ``concN`` (client
              concurrency per copy), ``tpN`` / ``dpN`` (tensor or data parallel instead of ``auto``),
@@ -30,7 +30,7 @@ instead, to try the script without a GPU). Steps:
              ``mbtN`` (--max-num-batched-tokens N), ``lpN`` (classify.top_logprobs N; lp0: none); ``@anything`` at the end only names the run
              (``default-@72b-4gpu``). A rerun of the same workdir resumes unfinished variants from
              their journals and skips finished ones.
-``estimate`` ``vidlabel.estimate.run`` (the pilot and projection of ``snakemake estimate``) on the
+``estimate`` ``vidlabel.serve.estimate.run`` (the pilot and projection of ``snakemake estimate``) on the
              prepared manifest of ``--mode``, printed next to the measured job of ``--compare``.
 
 ``prepare``, ``run`` and ``estimate`` take ``--posts`` (a posts CSV/Parquet table or a directory of
@@ -273,9 +273,9 @@ def decode_cost(paths: list[str], jobs: int) -> dict | None:
 
 def visual_tokens(paths: list[str]) -> tuple[int, float]:
     """Visual tokens at the default config (vidlabel's estimate) and seconds of video of the files."""
-    from vidlabel import config as vconfig
-    from vidlabel import tokens as tk
-    from vidlabel.media import probe
+    from vidlabel.core import config as vconfig
+    from vidlabel.prepare import tokens as tk
+    from vidlabel.prepare.media import probe
 
     config = vconfig.load(REPO / "config" / "config.yaml", {"posts": "p", "media_root": "/"})
     infos = [probe(p) for p in paths]
@@ -401,7 +401,7 @@ def posts_source(args) -> tuple[str, str, list[Path]]:
 
 
 def base_config(args, mode: str) -> dict:
-    from vidlabel import config as vconfig
+    from vidlabel.core import config as vconfig
 
     work = Path(args.workdir)
     posts, media_root, _ = posts_source(args)
@@ -423,8 +423,8 @@ def prepare(args, mode: str) -> Path:
     ``{results}/prepare.json``."""
     import pyarrow.parquet as pq
 
-    from vidlabel import manifest, transcode
-    from vidlabel.inventory import build_inventory
+    from vidlabel.prepare import manifest, transcode
+    from vidlabel.prepare.inventory import build_inventory
 
     config = base_config(args, mode)
     results = Path(config["results"])
@@ -527,7 +527,7 @@ class _GpuSampler(threading.Thread):
 def run_variant(args, name: str) -> dict:
     import pyarrow.parquet as pq
 
-    from vidlabel.classify import run_shard
+    from vidlabel.serve.classify import run_shard
 
     mode, config = variant_config(args, name)
     shard = prepare(args, mode)
@@ -535,7 +535,7 @@ def run_variant(args, name: str) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     labels_path = out / "labels.parquet"
     ready = _JobLog()
-    for name_ in ("vidlabel.server", "vidlabel.classify"):
+    for name_ in ("vidlabel.serve.server", "vidlabel.serve.classify"):
         logging.getLogger(name_).addHandler(ready)
     gpu = _GpuSampler()
     gpu.start()
@@ -549,7 +549,7 @@ def run_variant(args, name: str) -> dict:
     finally:
         wall = time.monotonic() - t0
         gpu.stop.set()
-        for name_ in ("vidlabel.server", "vidlabel.classify"):
+        for name_ in ("vidlabel.serve.server", "vidlabel.serve.classify"):
             logging.getLogger(name_).removeHandler(ready)
     records = (pq.read_table(labels_path).to_pylist() if labels_path.exists()
                else [json.loads(x) for x in (out / "journal.jsonl").read_text().splitlines() if x.strip()])
@@ -658,7 +658,7 @@ def run(args) -> int:
 
 def estimate(args) -> int:
     """The estimate target's pilot and projection on the prepared manifest, next to a measured job."""
-    from vidlabel import estimate as es
+    from vidlabel.serve import estimate as es
 
     use_standin(args)
     mode, config = variant_config(args, args.variant)

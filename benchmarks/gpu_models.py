@@ -62,6 +62,7 @@ def snakemake_command(workdir: Path, *args: str) -> list[str]:
 
 def prepare(args) -> int:
     import gpu_classify as media_kit
+
     from vidlabel.cli import local_whisper_model
 
     work = Path(args.workdir)
@@ -120,7 +121,8 @@ def _log_time(text: str, pattern: str) -> float | None:
 
 
 def report(work: Path) -> None:
-    from vidlabel import config as vconfig, models
+    from vidlabel.core import config as vconfig
+    from vidlabel.core import models
 
     config = vconfig.load(REPO / "config" / "config.yaml", json.loads((work / "models.yaml").read_text()))
     print("\n| model | server launched | ready after | stopped after | requests ok / error | prompt tokens | "

@@ -5,12 +5,12 @@
 For each design, prevalence (0.01, 0.05, 0.3, 0.5) and number of human labels n (30, 150, 600) it
 draws ``--reps`` populations of ``--posts`` posts (``_stats_sim.population``: calibrated model, Beta
 concentration ``--concentration``) and a human sample, computes the intervals exactly as
-``vidlabel.aggregate`` does (the PPI++ moments through the production SQL) and counts how often
+``vidlabel.analyze.aggregate`` does (the PPI++ moments through the production SQL) and counts how often
 each covers the truth: the share of "yes" over all N posts (prevalence), or the population's
 metric computed on all N posts (agreement). Designs:
   uniform-hard  simple random sample; the model's hard answers (labels without answer_probs)
   uniform-prob  simple random sample; the model's P(yes) as prediction (answer_probs present)
-  active        Poisson sample, pi ∝ sqrt(p(1 - p)) with the uniform floor (vidlabel.sampling)
+  active        Poisson sample, pi ∝ sqrt(p(1 - p)) with the uniform floor (vidlabel.analyze.sampling)
   score         Poisson sample, pi ∝ p with the same floor (oversampling likely positives)
 Intervals: human (Wilson; weighted: Hajek mean, Wilson at the effective size), corrected_raw (the
 normal PPI++ / active interval), corrected (what is reported, stats.corrected_interval: a t quantile
@@ -26,9 +26,16 @@ import argparse
 import time
 
 import numpy as np
-
-from _stats_sim import (active_design, covers, poisson_draw, population, score_design, simple_random_sample,
-                        stats, uniform_ppi)
+from _stats_sim import (
+    active_design,
+    covers,
+    poisson_draw,
+    population,
+    score_design,
+    simple_random_sample,
+    stats,
+    uniform_ppi,
+)
 
 PREVALENCES = (0.01, 0.05, 0.3, 0.5)
 SAMPLE_SIZES = (30, 150, 600)

@@ -9,15 +9,14 @@ the results live on (a network filesystem costs far more per fsync than a local 
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-import sys
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from vidlabel.journal import Journal  # noqa: E402
+from vidlabel.core.journal import Journal  # noqa: E402
 
 
 def record(i: int) -> dict:

@@ -18,12 +18,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import ROOT, setup
-
 import pyarrow.parquet as pq
-
+from _common import ROOT, setup
 from standin.shards import write_manifest
-from vidlabel.journal import iter_records
+
+from vidlabel.core.journal import iter_records
 
 
 def main() -> None:

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from _common import setup
 
-from vidlabel.client import ClassifyClient, ClientSettings
-from vidlabel.server import VLLMServer
+from vidlabel.serve.client import ClassifyClient, ClientSettings
+from vidlabel.serve.server import VLLMServer
 
 LATENCY, PREFILL, DECODE = 0.02, 5000.0, 50.0
 

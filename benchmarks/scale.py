@@ -7,14 +7,14 @@ Stages, in order, each in its own Python process (so wall time and peak memory, 
   data         synthetic posts table, inventory (heavy-tailed durations, mixed resolutions, 0.5% probe
                errors) and transcript chunks, laid out as the workflow does (docs/outputs.md); setup, not timed
                against the goal
-  manifest     vidlabel.manifest.build: token estimates, context gate, token-balanced shards
+  manifest     vidlabel.prepare.manifest.build: token estimates, context gate, token-balanced shards
   labels       synthetic classify output of each of ``--models`` models (classify.models) that follows the
                manifest shards (same request ids, posts and estimates; 2% failed requests, each model biased
                its own way, log-probabilities for the first); stands in for the GPU jobs, not timed
-  merge        vidlabel.merge.merge -> labels.parquet, per model
-  aggregate    vidlabel.aggregate.run with 150 human labels per question -> summary/, per model
-  compare      vidlabel.compare.run on every model -> compare/ (skipped with one model, as `all` does)
-  posts_check  vidlabel.inventory.load_posts on the posts table: what the Snakefile runs at parse time
+  merge        vidlabel.analyze.merge.merge -> labels.parquet, per model
+  aggregate    vidlabel.analyze.aggregate.run with 150 human labels per question -> summary/, per model
+  compare      vidlabel.analyze.compare.run on every model -> compare/ (skipped with one model, as `all` does)
+  posts_check  vidlabel.prepare.inventory.load_posts on the posts table: what the Snakefile runs at parse time
   dryrun       `snakemake -n` with the real Snakefile (config/config.yaml plus an overlay: the posts table,
                classify.shards, transcribe.chunks) before a run: empty results, every job of the plan listed;
                its peak is the snakemake process's
@@ -44,8 +44,9 @@ import pyarrow.parquet as pq
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from vidlabel import config as cfgmod, models  # noqa: E402
-from vidlabel.classify import LABEL_SCHEMA  # noqa: E402
+from vidlabel import models  # noqa: E402
+from vidlabel.core import config as cfgmod
+from vidlabel.serve.classify import LABEL_SCHEMA  # noqa: E402
 
 STAGES = ["data", "manifest", "labels", "merge", "aggregate", "compare", "posts_check", "dryrun", "dryrun_done"]
 GOAL_STAGES = ("manifest", "merge", "aggregate", "compare")
@@ -86,7 +87,7 @@ def paths(workdir: Path, config: dict) -> dict:
         "manifest": [res / "manifest" / f"shard-{i}.parquet" for i in range(config["classify"]["shards"])],
         "excluded": res / "manifest" / "excluded.parquet", "plan": res / "manifest" / "plan.csv",
         "human": Path(config["human_labels"]), "compare": res / "compare",
-        # Per model (results/models/<name>/, vidlabel.models).
+        # Per model (results/models/<name>/, vidlabel.core.models).
         "label_shards": {m: [res / "models" / m / "labels" / f"shard-{i}.parquet" for i in shards]
                          for m in models.names(config)},
         "labels": {m: res / "models" / m / "labels.parquet" for m in models.names(config)},
@@ -135,7 +136,7 @@ def stage_data(workdir: Path, config: dict, args) -> dict:
 
 
 def stage_manifest(workdir: Path, config: dict, args) -> dict:
-    from vidlabel import manifest
+    from vidlabel.prepare import manifest
 
     p = paths(workdir, config)
     p["manifest"][0].parent.mkdir(parents=True, exist_ok=True)
@@ -218,7 +219,7 @@ def write_label_shard(config: dict, rng, req: pa.Table, s: int, k: int, name: st
 
 
 def stage_merge(workdir: Path, config: dict, args) -> dict:
-    from vidlabel import merge
+    from vidlabel.analyze import merge
 
     p = paths(workdir, config)
     for name, labels in p["labels"].items():
@@ -229,7 +230,7 @@ def stage_merge(workdir: Path, config: dict, args) -> dict:
 
 
 def stage_aggregate(workdir: Path, config: dict, args) -> dict:
-    from vidlabel import aggregate
+    from vidlabel.analyze import aggregate
 
     p = paths(workdir, config)
     corrected = []
@@ -243,7 +244,7 @@ def stage_aggregate(workdir: Path, config: dict, args) -> dict:
 
 def stage_compare(workdir: Path, config: dict, args) -> dict:
     """The models side by side; with one model `all` has no compare job, so neither has this."""
-    from vidlabel import compare
+    from vidlabel.analyze import compare
 
     p = paths(workdir, config)
     if len(p["labels"]) < 2:
@@ -256,7 +257,7 @@ def stage_compare(workdir: Path, config: dict, args) -> dict:
 
 def stage_posts_check(workdir: Path, config: dict, args) -> dict:
     """The Snakefile's parse-time check alone, to tell its share of the dry run."""
-    from vidlabel import inventory
+    from vidlabel.prepare import inventory
 
     t0 = time.perf_counter()
     posts = inventory.load_posts(config["posts"], config["media_root"])

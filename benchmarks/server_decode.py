@@ -4,7 +4,7 @@
 
 vLLM's OpenCV loader grabs every frame up to the last sampled one and retrieves (decodes to BGR)
 only the sampled ones; this script does the same on a 60 s 30 fps 720x1280 and 1080x1920 H.264
-clip (lavfi testsrc2, x264 veryfast crf 23), and on the same clips after ``vidlabel.transcode``
+clip (lavfi testsrc2, x264 veryfast crf 23), and on the same clips after ``vidlabel.prepare.transcode``
 (2 fps, scaled to the Qwen2.5-VL pixel bound, as the default plan does). Prints the best of
 ``--repeat`` timings and the ratio. Goal (issue 5): >= 40x cheaper.
 """
@@ -22,8 +22,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from vidlabel import tokens as tk  # noqa: E402
-from vidlabel import transcode as tc  # noqa: E402
+from vidlabel.prepare import tokens as tk  # noqa: E402
+from vidlabel.prepare import transcode as tc  # noqa: E402
 
 
 def make_clip(path: Path, width: int, height: int, seconds: int) -> Path:

@@ -21,8 +21,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from vidlabel import config as cfgmod  # noqa: E402
-from vidlabel import planning as pl  # noqa: E402
+from vidlabel.core import config as cfgmod  # noqa: E402
+from vidlabel.prepare import planning as pl  # noqa: E402
 
 RESOLUTIONS = np.array([(720, 1280), (1080, 1920), (1280, 720), (1920, 1080), (480, 854), (360, 640)])
 

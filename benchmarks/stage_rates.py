@@ -26,11 +26,11 @@ sys.path.insert(0, str(ROOT / "src"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pyarrow.parquet as pq  # noqa: E402
-
 from demo_media import whisper_tiny_en  # noqa: E402
+
 from vidlabel.demo import make_demo_set  # noqa: E402
-from vidlabel.inventory import build_inventory  # noqa: E402
-from vidlabel.transcribe import run_chunk  # noqa: E402
+from vidlabel.prepare.inventory import build_inventory  # noqa: E402
+from vidlabel.prepare.transcribe import run_chunk  # noqa: E402
 
 
 def probe_rate(root: Path, copies: int, threads: int) -> tuple[int, float]:

@@ -1,7 +1,7 @@
 # Snakemake adapter: rule aggregate.
-from vidlabel.aggregate import run
-from vidlabel.logs import configure
-from vidlabel.settings import for_job
+from vidlabel.analyze.aggregate import run
+from vidlabel.core.logs import configure
+from vidlabel.core.settings import for_job
 
 configure(snakemake.log[0])
 config = for_job(snakemake.config, "aggregate", snakemake.wildcards.model)

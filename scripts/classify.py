@@ -1,7 +1,7 @@
 # Snakemake adapter: rule classify (one shard).
-from vidlabel.classify import run_shard
-from vidlabel.logs import configure
-from vidlabel.settings import for_job
+from vidlabel.core.logs import configure
+from vidlabel.core.settings import for_job
+from vidlabel.serve.classify import run_shard
 
 configure(snakemake.log[0])
 config = for_job(snakemake.config, "classify", snakemake.wildcards.model)

@@ -1,9 +1,9 @@
 # Snakemake adapter: rule compare.
 from pathlib import Path
 
-from vidlabel.compare import run
-from vidlabel.logs import configure
-from vidlabel.settings import for_job
+from vidlabel.analyze.compare import run
+from vidlabel.core.logs import configure
+from vidlabel.core.settings import for_job
 
 configure(snakemake.log[0])
 config = for_job(snakemake.config, "compare")

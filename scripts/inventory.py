@@ -1,7 +1,7 @@
 # Snakemake adapter: rule inventory.
-from vidlabel.inventory import build_inventory
-from vidlabel.logs import configure
-from vidlabel.settings import for_job
+from vidlabel.core.logs import configure
+from vidlabel.core.settings import for_job
+from vidlabel.prepare.inventory import build_inventory
 
 configure(snakemake.log[0])
 config = for_job(snakemake.config, "inventory")

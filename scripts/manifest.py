@@ -1,7 +1,7 @@
 # Snakemake adapter: rule manifest.
-from vidlabel.logs import configure
-from vidlabel.settings import for_job
-from vidlabel.manifest import build
+from vidlabel.core.logs import configure
+from vidlabel.core.settings import for_job
+from vidlabel.prepare.manifest import build
 
 configure(snakemake.log[0])
 config = for_job(snakemake.config, "manifest")

@@ -1,7 +1,7 @@
 # Snakemake adapter: rule merge.
-from vidlabel.logs import configure
-from vidlabel.settings import for_job
-from vidlabel.merge import merge
+from vidlabel.analyze.merge import merge
+from vidlabel.core.logs import configure
+from vidlabel.core.settings import for_job
 
 configure(snakemake.log[0])
 config = for_job(snakemake.config, "merge", snakemake.wildcards.model)

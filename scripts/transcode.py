@@ -1,7 +1,7 @@
 # Snakemake adapter: rule transcode (one chunk).
-from vidlabel.logs import configure
-from vidlabel.settings import for_job
-from vidlabel.transcode import run_chunk
+from vidlabel.core.logs import configure
+from vidlabel.core.settings import for_job
+from vidlabel.prepare.transcode import run_chunk
 
 configure(snakemake.log[0])
 config = for_job(snakemake.config, "transcode")

@@ -1,7 +1,7 @@
 # Snakemake adapter: rule transcribe (one chunk).
-from vidlabel.logs import configure
-from vidlabel.settings import for_job
-from vidlabel.transcribe import run_chunk
+from vidlabel.core.logs import configure
+from vidlabel.core.settings import for_job
+from vidlabel.prepare.transcribe import run_chunk
 
 configure(snakemake.log[0])
 config = for_job(snakemake.config, "transcribe")

@@ -39,14 +39,14 @@ def demo_set(tmp_path_factory):
 
 def default_model_dir(results: Path) -> Path:
     """Where the default model of config/config.yaml (classify.model) puts its results."""
-    from vidlabel.models import default_name
+    from vidlabel.core.models import default_name
 
     model = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["classify"]["model"]
     return results / "models" / default_name(model)
 
 
 def model_dir(results: Path) -> Path:
-    """The folder of the one model of a results directory (results/models/<name>, vidlabel.models)."""
+    """The folder of the one model of a results directory (results/models/<name>, vidlabel.core.models)."""
     folders = sorted(p for p in (results / "models").iterdir() if p.is_dir())
     assert len(folders) == 1, f"expected one model folder in {results / 'models'}: {folders}"
     return folders[0]
@@ -54,7 +54,7 @@ def model_dir(results: Path) -> Path:
 
 def write_overlay(workdir: Path, demo_root: Path, overrides: dict | None = None) -> Path:
     """Config overlay for a test run: demo posts, offline Whisper, small shards."""
-    from vidlabel.config import deep_merge
+    from vidlabel.core.config import deep_merge
 
     overlay = {
         "posts": str(demo_root / "posts.csv"),

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vidlabel.config import validate
+from vidlabel.core.config import validate
 from vidlabel.demo import make_demo_set
-from vidlabel.inventory import build_inventory
+from vidlabel.prepare.inventory import build_inventory
 
 _SETS: dict[int, "DemoSet"] = {}
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import ffmpeg
 import pyarrow as pa
 
-from vidlabel.io import write_parquet
+from vidlabel.core.io import write_parquet
 
 INVENTORY_SCHEMA = pa.schema([
     ("post_id", pa.string()), ("source_path", pa.string()), ("video_path", pa.string()),

@@ -1,30 +1,41 @@
-"""vidlabel.client and its parts: error kinds, the in-flight limit, deadlines and the stall detector,
+"""vidlabel.serve.client and its parts: error kinds, the in-flight limit, deadlines and the stall detector,
 endpoint health, adaptive concurrency; then the client against the stand-in with injected faults."""
 
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 import json
 import socket
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
 import pytest
 from aiohttp import web
-
 from standin import read_request_log, standin_command
-from standin.shards import QUESTIONS, YES_IF, expected_answers, make_config, make_video, manifest_rows
-from vidlabel.client import ClassifyClient, ClientSettings
-from vidlabel.concurrency import next_ceiling, parse_metrics
-from vidlabel.deadline import FACTOR, MIN_ANSWERS, Deadlines, Expired
-from vidlabel.endpoints import DOWN, SUSPECT, UP, Endpoints, NoLiveEndpoint
-from vidlabel.error_kinds import (FatalClientError, classify_error, fatal_error, response_message,
-                                  retry_after_s)
-from vidlabel.limit import InFlightLimit, backoff_s
-from vidlabel.server import VLLMServer
+from standin.shards import (
+    QUESTIONS,
+    YES_IF,
+    expected_answers,
+    make_config,
+    make_video,
+    manifest_rows,
+)
 
+from vidlabel.serve.client import ClassifyClient, ClientSettings
+from vidlabel.serve.concurrency import next_ceiling, parse_metrics
+from vidlabel.serve.deadline import FACTOR, MIN_ANSWERS, Deadlines, Expired
+from vidlabel.serve.endpoints import DOWN, SUSPECT, UP, Endpoints, NoLiveEndpoint
+from vidlabel.serve.error_kinds import (
+    FatalClientError,
+    classify_error,
+    fatal_error,
+    response_message,
+    retry_after_s,
+)
+from vidlabel.serve.limit import InFlightLimit, backoff_s
+from vidlabel.serve.server import VLLMServer
 
 # ---- error kinds -----------------------------------------------------------------------------------
 

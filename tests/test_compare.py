@@ -13,8 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from vidlabel import aggregate, compare, config as vconfig, merge
-from vidlabel.classify import LABEL_SCHEMA
+from vidlabel.analyze import aggregate, compare, merge
+from vidlabel.core import config as vconfig
+from vidlabel.serve.classify import LABEL_SCHEMA
 
 QUESTIONS = [{"id": "promotes_product", "text": "Product?"}, {"id": "shows_face", "text": "Face?"}]
 QIDS = [q["id"] for q in QUESTIONS]
@@ -413,7 +414,7 @@ def test_compare_never_calls_a_model_better_when_the_f1_intervals_overlap(world)
 
 
 def test_compare_draws_a_placeholder_when_nothing_can_be_drawn(world, monkeypatch):
-    from vidlabel import plots
+    from vidlabel.analyze import plots
 
     calls = []
     real = plots.placeholder

@@ -1,11 +1,12 @@
-"""Answer probabilities from hand-built vLLM log-probability lists (docs: vidlabel.confidence)."""
+"""Answer probabilities from hand-built vLLM log-probability lists (docs: vidlabel.serve.confidence)."""
 
 import math
 
 import pytest
 
-from vidlabel import confidence, prompt
-from vidlabel.confidence import answer_probabilities, logprobs_request
+from vidlabel.prepare import prompt
+from vidlabel.serve import confidence
+from vidlabel.serve.confidence import answer_probabilities, logprobs_request
 
 Q1 = [{"id": "q1", "text": "First?"}]
 Q12 = [{"id": "q1", "text": "First?"}, {"id": "q2", "text": "Second?"}]

@@ -4,10 +4,9 @@ import copy
 
 import pytest
 import yaml
-
-from vidlabel import config as vconfig
-
 from conftest import REPO
+
+from vidlabel.core import config as vconfig
 
 
 def base():

@@ -14,7 +14,6 @@ import sys
 
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import model_dir, run_snakemake, write_overlay
 from standin import read_request_log, standin_command
 

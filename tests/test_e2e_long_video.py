@@ -7,11 +7,11 @@ import sys
 
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import model_dir, run_snakemake, write_overlay
 from standin import read_request_log, standin_command
+
 from vidlabel.demo import make_video
-from vidlabel.media import probe
+from vidlabel.prepare.media import probe
 
 pytestmark = pytest.mark.slow
 

@@ -16,8 +16,13 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-
-from conftest import BIN, default_model_dir, run_snakemake, snakemake_command, write_overlay
+from conftest import (
+    BIN,
+    default_model_dir,
+    run_snakemake,
+    snakemake_command,
+    write_overlay,
+)
 from standin import read_request_log, standin_command
 
 pytestmark = pytest.mark.slow

@@ -271,7 +271,7 @@ def test_pyproject_declares_exactly_what_the_package_imports():
               for group in project["optional-dependencies"].values() for r in group}
     scripts = sorted((REPO / "scripts").glob("*.py")) + [REPO / "Snakefile"]
     _, required, optional = modules_run_by(
-        [p for p in sorted((REPO / "src" / "vidlabel").glob("*.py"))] + [p for p in scripts if p.suffix == ".py"])
+        [p for p in sorted((REPO / "src" / "vidlabel").rglob("*.py"))] + [p for p in scripts if p.suffix == ".py"])
     snakefile_imports = {"snakemake"}  # the Snakefile's own (it is not Python source ast can read)
     imported_core = set()
     for top in required | snakefile_imports:
@@ -301,7 +301,7 @@ def test_tests_and_benchmarks_import_only_declared_packages():
 
 
 def test_a_renamed_config_key_says_what_to_write_instead():
-    from vidlabel import config as vconfig
+    from vidlabel.core import config as vconfig
 
     old = {"posts": "p.csv", "media_root": "/m", "classify": {"tensor_parallel_size": 4}}
     with pytest.raises(vconfig.ConfigError) as err:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vidlabel import config as cfgmod
-from vidlabel import estimate as es
+from vidlabel.core import config as cfgmod
+from vidlabel.serve import estimate as es
 
 
 def test_stratified_sample_covers_every_stratum():

@@ -8,8 +8,8 @@ import gc
 import json
 import os
 import re
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -19,14 +19,20 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-
 from standin import read_request_log
-from standin.shards import expected_answers, make_config, make_video, manifest_rows, write_manifest
-from vidlabel.classify import ShardIncomplete, ShardLocked, run_shard
-from vidlabel.error_kinds import FatalClientError
-from vidlabel.journal import iter_records, read_latest
-from vidlabel.planning import allowed_media_path
-from vidlabel.server import ServerError, VLLMServer
+from standin.shards import (
+    expected_answers,
+    make_config,
+    make_video,
+    manifest_rows,
+    write_manifest,
+)
+
+from vidlabel.core.journal import iter_records, read_latest
+from vidlabel.prepare.planning import allowed_media_path
+from vidlabel.serve.classify import ShardIncomplete, ShardLocked, run_shard
+from vidlabel.serve.error_kinds import FatalClientError
+from vidlabel.serve.server import ServerError, VLLMServer
 
 JOB_SCRIPT = Path(__file__).resolve().parent / "standin" / "job.py"
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -177,7 +183,7 @@ def test_503_storm_is_retried_and_slows_the_client(make_shard):
 
 def test_random_500s_are_retried(make_shard, caplog):
     shard = make_shard(16)
-    with caplog.at_level("INFO", logger="vidlabel.classify"):
+    with caplog.at_level("INFO", logger="vidlabel.serve.classify"):
         shard.run(shard.config("--random-500", "0.3", "--seed", "7", max_attempts=12))
     progress = [r.getMessage() for r in caplog.records if "req/s" in r.getMessage()]
     assert progress and re.fullmatch(
@@ -192,7 +198,7 @@ def test_random_500s_are_retried(make_shard, caplog):
 
 
 def test_progress_line_says_stalled_rather_than_an_eta_while_nothing_finishes():
-    from vidlabel.classify import _Progress
+    from vidlabel.serve.classify import _Progress
 
     progress = _Progress(total=10, already=2, shard=3, interval_s=10)
     progress.in_flight = lambda: 4
@@ -572,7 +578,8 @@ def test_external_endpoints_mode_starts_no_server(make_shard, monkeypatch):
     shard = make_shard(10)
     cfg = shard.config()
     import asyncio
-    from vidlabel.server import VLLMServer
+
+    from vidlabel.serve.server import VLLMServer
 
     with VLLMServer(cfg, shard.tmp / "external.log") as external:
         asyncio.run(external.wait_ready())

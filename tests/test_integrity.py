@@ -11,14 +11,14 @@ import time
 
 import aiohttp
 import pytest
-
 from standin import read_request_log
 from test_fault_matrix import _endpoint, _use_endpoints, make_shard, media  # noqa: F401 (fixtures)
-from vidlabel.classify import MEDIA_FAILURE_RUN, MediaUnreachable
-from vidlabel.deadline import Deadlines, Expired
-from vidlabel.endpoints import DOWN, UP, Endpoints
-from vidlabel.error_kinds import FatalClientError, classify_error
-from vidlabel.journal import iter_records, read_latest
+
+from vidlabel.core.journal import iter_records, read_latest
+from vidlabel.serve.classify import MEDIA_FAILURE_RUN, MediaUnreachable
+from vidlabel.serve.deadline import Deadlines, Expired
+from vidlabel.serve.endpoints import DOWN, UP, Endpoints
+from vidlabel.serve.error_kinds import FatalClientError, classify_error
 
 
 def sends(shard) -> list[dict]:
@@ -118,7 +118,7 @@ def test_changed_max_tokens_or_media_resends_and_the_job_says_why(make_shard, ca
     shard.run(shard.config())
     first = len(sends(shard))
     assert first == 6
-    with caplog.at_level(logging.INFO, logger="vidlabel.classify"):
+    with caplog.at_level(logging.INFO, logger="vidlabel.serve.classify"):
         shard.run(shard.config(max_tokens=80))
     assert len(sends(shard)) == 12  # another max_tokens: every request again
     assert any("passed over the journaled answers of 6 request(s), made under other settings" in r.getMessage()
@@ -252,7 +252,8 @@ def test_answer_probabilities_and_a_server_that_allows_fewer_logprobs(make_shard
 def _fabricate(tmp_path, servers, models):
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from vidlabel.classify import labels_table
+
+    from vidlabel.serve.classify import labels_table
 
     ids = [f"p{i}" for i in range(len(servers))]
     pq.write_table(pa.table({"post_id": ids, "video_path": [f"/m/{i}.mp4" for i in ids]}), tmp_path / "inv.parquet")
@@ -269,18 +270,18 @@ def _fabricate(tmp_path, servers, models):
 
 
 def _config():
-    from vidlabel.config import validate
+    from vidlabel.core.config import validate
 
     return validate({"posts": "posts.csv", "media_root": "/m",
                      "classify": {"questions": [{"id": "q", "text": "Q?"}]}})
 
 
 def test_labels_and_summary_say_what_made_them_and_mixtures_are_loud(tmp_path, caplog):
-    from vidlabel import aggregate, merge
+    from vidlabel.analyze import aggregate, merge
 
     _fabricate(tmp_path, ["vLLM 0.26.0, model a"] * 3 + ["vLLM 0.27.0, model a"], ["m"] * 4)
     out = tmp_path / "labels.parquet"
-    with caplog.at_level(logging.WARNING, logger="vidlabel.merge"):
+    with caplog.at_level(logging.WARNING, logger="vidlabel.analyze.merge"):
         merge.merge(_config(), tmp_path / "inv.parquet", tmp_path / "excluded.parquet",
                     [tmp_path / "shard-0.parquet"], out)
     assert any("2 provenances" in r.getMessage() for r in caplog.records)
@@ -295,7 +296,7 @@ def test_labels_and_summary_say_what_made_them_and_mixtures_are_loud(tmp_path, c
 
 
 def test_merge_refuses_labels_of_two_models(tmp_path):
-    from vidlabel import merge
+    from vidlabel.analyze import merge
 
     _fabricate(tmp_path, ["vLLM 0.26.0, model a"] * 4, ["m", "m", "other", "m"])
     with pytest.raises(merge.MergeError, match="more than one model or question set"):

@@ -11,11 +11,11 @@ import pyarrow as pa
 import pyarrow.csv
 import pyarrow.parquet as pq
 import pytest
-
 from demo_media import get_demo_set
+
 from vidlabel.demo import make_video
-from vidlabel.inventory import PostsError, build_inventory, load_posts
-from vidlabel.media import AudioError, NoAudioStream, load_audio, probe
+from vidlabel.prepare.inventory import PostsError, build_inventory, load_posts
+from vidlabel.prepare.media import AudioError, NoAudioStream, load_audio, probe
 
 EXPECTED_REASON = {
     "empty": "empty file",

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from vidlabel.journal import Journal, JournalLocked, iter_records, read_latest
+from vidlabel.core.journal import Journal, JournalLocked, iter_records, read_latest
 
 
 def test_append_and_read_back(tmp_path):

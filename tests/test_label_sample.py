@@ -9,13 +9,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import default_model_dir, run_snakemake, write_overlay
-from vidlabel import aggregate, labelstudio, sampling
-from vidlabel.aggregate import load_human_labels
-from vidlabel.config import load
-from vidlabel.label_sample import FLOOR_SHARE_ACTIVE, FLOOR_SHARE_AFTER_BURN_IN, SampleError, collect, run
-from vidlabel.labelstudio import ExportError, read_export
+
+from vidlabel.analyze import aggregate, labelstudio, sampling
+from vidlabel.analyze.aggregate import load_human_labels
+from vidlabel.analyze.label_sample import (
+    FLOOR_SHARE_ACTIVE,
+    FLOOR_SHARE_AFTER_BURN_IN,
+    SampleError,
+    collect,
+    run,
+)
+from vidlabel.analyze.labelstudio import ExportError, read_export
+from vidlabel.core.config import load
 
 QUESTIONS = [{"id": "promotes_product", "text": "Does the post promote a product?"},
              {"id": "sales_interaction", "text": "Does the post suggest a sale & follow-up <now>?"}]
@@ -191,7 +197,7 @@ def test_a_question_without_probabilities_takes_the_model_share(tmp_path):
     labels, manifest, truth = _results(tmp_path, n_ok=40, n_error=0, n_excluded=0)
     table = pq.read_table(labels).to_pylist()
     probs = json.loads(table[0]["answer_probs"])
-    del probs["sales_interaction"]  # left out by vidlabel.confidence
+    del probs["sales_interaction"]  # left out by vidlabel.serve.confidence
     table[0]["answer_probs"] = json.dumps(probs)
     pq.write_table(pa.Table.from_pylist(table, schema=pq.read_schema(labels)), labels)
     outputs = _outputs(tmp_path)

@@ -8,13 +8,13 @@ import csv
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from planning_helpers import inventory_row, write_inventory, write_transcripts
-from vidlabel import config as cfgmod
-from vidlabel import manifest
-from vidlabel import prompt as pr
-from vidlabel import transcode as tc
-from vidlabel.io import write_parquet
+
+from vidlabel.core import config as cfgmod
+from vidlabel.core.io import write_parquet
+from vidlabel.prepare import manifest
+from vidlabel.prepare import prompt as pr
+from vidlabel.prepare import transcode as tc
 
 MEDIA = "/data/media"
 

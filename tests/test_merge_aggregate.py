@@ -11,8 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from vidlabel import aggregate, config as vconfig, merge
-from vidlabel.classify import LABEL_SCHEMA
+from vidlabel.analyze import aggregate, merge
+from vidlabel.core import config as vconfig
+from vidlabel.serve.classify import LABEL_SCHEMA
 
 QUESTIONS = [{"id": "promotes_product", "text": "Product?"}, {"id": "shows_face", "text": "Face?"}]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -495,7 +496,7 @@ def test_aggregate_degenerate_inputs_give_honest_intervals(tmp_path, case):
 
 
 def _wilson(k, n):
-    from vidlabel import stats
+    from vidlabel.analyze import stats
     return stats.wilson_interval(k, n, 0.95)
 
 
@@ -577,7 +578,7 @@ def test_aggregate_uses_answer_probs_as_prediction(tmp_path):
 
 
 def test_aggregate_reads_a_label_studio_export(tmp_path, monkeypatch):
-    """A .json human-label file goes through vidlabel.labelstudio.read_export (stood in here)."""
+    """A .json human-label file goes through vidlabel.analyze.labelstudio.read_export (stood in here)."""
     import sys
     import types
 
@@ -588,9 +589,9 @@ def test_aggregate_reads_a_label_studio_export(tmp_path, monkeypatch):
                        "sampling_probability": [30 / 90] * 60,
                        "annotator": ["ann1"] * 30 + ["ann2"] * 30})
     calls = []
-    fake = types.ModuleType("vidlabel.labelstudio")
+    fake = types.ModuleType("vidlabel.analyze.labelstudio")
     fake.read_export = lambda path: calls.append(path) or export
-    monkeypatch.setitem(sys.modules, "vidlabel.labelstudio", fake)
+    monkeypatch.setitem(sys.modules, "vidlabel.analyze.labelstudio", fake)
     (tmp_path / "export.json").write_text("[]")
     labels = _labels_file(tmp_path / "labels.parquet", answers)
     aggregate.run(_config(), labels, tmp_path / "export.json", tmp_path / "summary")
@@ -602,7 +603,7 @@ def test_aggregate_reads_a_label_studio_export(tmp_path, monkeypatch):
 
 def test_load_human_labels_leaves_the_connection_usable(tmp_path):
     """label_sample reads a burn-in through load_human_labels and goes on with the connection."""
-    from vidlabel import duck
+    from vidlabel.core import duck
 
     labels = _labels_file(tmp_path / "labels.parquet", [{"promotes_product": "yes"}, {"promotes_product": "no"}])
     human = _write_human(tmp_path / "human.csv", [{"post_id": "p00000", "question": "promotes_product", "label": "yes"},

@@ -9,9 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from vidlabel import config as vconfig
-from vidlabel.parallelism import (GIB, ParallelismError, choose_layout, granted_gpus, gpu_memory_gib,
-                                  model_footprint)
+from vidlabel.core import config as vconfig
+from vidlabel.serve.parallelism import (
+    GIB,
+    ParallelismError,
+    choose_layout,
+    gpu_memory_gib,
+    granted_gpus,
+    model_footprint,
+)
 
 DATA = Path(__file__).resolve().parent / "data"
 QWEN_7B = DATA / "qwen2_5_vl_7b"
@@ -160,7 +166,13 @@ def _shard(tmp_path: Path, n: int, classify: dict, monkeypatch):
     """A shard of n requests for the default server command, whose `vllm` is the stand-in (2 slots
     per copy, 0.3 s per request)."""
     from standin import vllm_shim
-    from standin.shards import YES_IF, make_config, make_video, manifest_rows, write_manifest
+    from standin.shards import (
+        YES_IF,
+        make_config,
+        make_video,
+        manifest_rows,
+        write_manifest,
+    )
 
     media = tmp_path / "media"
     clip = make_video(media / "clip.mp4")
@@ -189,9 +201,9 @@ def test_one_server_per_copy_with_its_gpus_and_balanced_requests(tmp_path, monke
     """tensor 1 x data 2 on a job granted GPUs 4,5: two stand-in servers, one per GPU; the client
     spreads the requests over both and keeps classify.concurrency in flight at each."""
     import pyarrow.parquet as pq
-
     from standin import read_request_log
-    from vidlabel.classify import run_shard
+
+    from vidlabel.serve.classify import run_shard
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "16")
@@ -215,9 +227,9 @@ def test_one_server_per_copy_with_its_gpus_and_balanced_requests(tmp_path, monke
 
 def test_vllm_data_parallel_is_one_server_with_the_copies_behind_one_port(tmp_path, monkeypatch):
     import pyarrow.parquet as pq
-
     from standin import read_request_log
-    from vidlabel.classify import run_shard
+
+    from vidlabel.serve.classify import run_shard
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     cfg, shard, log = _shard(tmp_path, 12, {"parallelism": {"tensor": 1, "data": 2}, "concurrency": 2,

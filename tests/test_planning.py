@@ -7,9 +7,9 @@ import csv
 import numpy as np
 import pytest
 
-from vidlabel import config as cfgmod
-from vidlabel import planning as pl
-from vidlabel import tokens as tk
+from vidlabel.core import config as cfgmod
+from vidlabel.prepare import planning as pl
+from vidlabel.prepare import tokens as tk
 
 
 def make_config(**planning) -> dict:

@@ -2,8 +2,14 @@
 
 import pytest
 
-from vidlabel.prompt import (answer_schema, neutralise, parse_answers, render_prompt, request_id,
-                             response_format)
+from vidlabel.prepare.prompt import (
+    answer_schema,
+    neutralise,
+    parse_answers,
+    render_prompt,
+    request_id,
+    response_format,
+)
 
 QUESTIONS = [{"id": "promo", "text": "Is a product promoted?"}, {"id": "sale", "text": "A sale?", "type": "yes/no"}]
 TEMPLATE = "<caption>\n{caption}\n</caption>\n<transcript>\n{transcript}\n</transcript>\n{questions}"

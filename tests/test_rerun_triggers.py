@@ -14,8 +14,9 @@ import pytest
 import yaml
 from conftest import REPO, model_dir, run_snakemake, write_overlay
 from standin import read_request_log, standin_command
-from vidlabel import settings as stage_settings
-from vidlabel.config import load
+
+from vidlabel.core import settings as stage_settings
+from vidlabel.core.config import load
 
 pytestmark = pytest.mark.slow
 

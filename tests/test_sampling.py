@@ -1,11 +1,11 @@
-"""Active sampling (vidlabel.sampling) and, end to end, the active estimator on its samples."""
+"""Active sampling (vidlabel.analyze.sampling) and, end to end, the active estimator on its samples."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from vidlabel import sampling, stats
+from vidlabel.analyze import sampling, stats
 
 
 def test_post_uncertainty_combines_questions():

@@ -1,4 +1,4 @@
-"""vidlabel.server: command template, key handling, readiness, watchdog and teardown on every path."""
+"""vidlabel.serve.server: command template, key handling, readiness, watchdog and teardown on every path."""
 
 from __future__ import annotations
 
@@ -15,13 +15,21 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from standin import standin_command
 from standin.shards import make_config
-from vidlabel import config as vconfig
-from vidlabel.parallelism import Layout
-from vidlabel.server import (ServerCopy, ServerError, VLLMServer, api_server_count, build_command, granted_cpus,
-                             server_copies, server_environment)
+
+from vidlabel.core import config as vconfig
+from vidlabel.serve.parallelism import Layout
+from vidlabel.serve.server import (
+    ServerCopy,
+    ServerError,
+    VLLMServer,
+    api_server_count,
+    build_command,
+    granted_cpus,
+    server_copies,
+    server_environment,
+)
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -225,7 +233,7 @@ def test_watchdog_reports_process_exit(tmp_path):
 
 JOB_THAT_DIES = textwrap.dedent("""
     import asyncio, json, os, signal, sys
-    from vidlabel.server import VLLMServer
+    from vidlabel.serve.server import VLLMServer
     cfg = json.load(open(sys.argv[1]))
     server = VLLMServer(cfg, sys.argv[2]).start()
     asyncio.run(server.wait_ready())
@@ -251,7 +259,8 @@ def test_server_does_not_outlive_its_job(tmp_path, how):
 
 def test_port_taken_before_the_server_binds_is_retried(tmp_path, monkeypatch):
     import socket
-    import vidlabel.server as server_mod
+
+    import vidlabel.serve.server as server_mod
 
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))

@@ -35,10 +35,10 @@ from types import ModuleType, SimpleNamespace
 import pyarrow.parquet as pq
 import pytest
 import yaml
-
-import vidlabel.slurm
 from conftest import default_model_dir, model_dir, run_snakemake, write_overlay
 from standin import read_request_log, standin_command
+
+import vidlabel.core.slurm
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -232,13 +232,13 @@ def test_shipped_profile_gpu_rules_and_resource_names():
     assert set(profile["set-resources"]) <= rules, set(profile["set-resources"]) - rules
 
 
-# ------------------------------------------------------------------------------------ job states (vidlabel.slurm)
+# ------------------------------------------------------------------------------------ job states (vidlabel.core.slurm)
 
 
 def plugin_verdict(state: str, wrap: bool = False) -> str:
     """What the installed plugin's own check_active_jobs makes of one job whose status query
     answers ``state``: "failed", "succeeded" or "running" (yielded back: the run keeps waiting).
-    ``wrap``: through vidlabel.slurm's status query wrapper. No SLURM needed: the query and the
+    ``wrap``: through vidlabel.core.slurm's status query wrapper. No SLURM needed: the query and the
     sacct calls for failure reasons are replaced; everything else is the plugin's code."""
     import snakemake_executor_plugin_slurm as plugin
 
@@ -261,7 +261,7 @@ def plugin_verdict(state: str, wrap: bool = False) -> str:
         return [j async for j in plugin.Executor.check_active_jobs(executor, [job])]
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(plugin, "query_job_status", vidlabel.slurm._wrap(query) if wrap else query)
+        patch.setattr(plugin, "query_job_status", vidlabel.core.slurm._wrap(query) if wrap else query)
         patch.setattr(plugin, "get_min_job_age", lambda: 300)
         patch.setattr(plugin, "is_query_tool_available", lambda tool: True)
         patch.setattr(plugin, "subprocess", SimpleNamespace(check_output=lambda *a, **k: "", PIPE=subprocess.PIPE,
@@ -270,20 +270,20 @@ def plugin_verdict(state: str, wrap: bool = False) -> str:
             still_running = asyncio.run(check())
         except (AttributeError, TypeError) as error:
             pytest.fail(f"the plugin's check_active_jobs changed ({error!r}): check whether it now reads "
-                        "'CANCELLED by <uid>' itself (then remove src/vidlabel/slurm.py and its Snakefile line) "
+                        "'CANCELLED by <uid>' itself (then remove src/vidlabel/core/slurm.py and its Snakefile line) "
                         "and update this driver")
     return "running" if still_running == [job] else verdicts[0]
 
 
 def test_upstream_plugin_still_keeps_cancelled_jobs_running():
     """Tells when upstream fixes it: this fails the day the plugin itself reads ``CANCELLED by 0``
-    as failed. Then remove src/vidlabel/slurm.py, its Snakefile line and its paragraph in
+    as failed. Then remove src/vidlabel/core/slurm.py, its Snakefile line and its paragraph in
     docs/slurm.md."""
     assert plugin_verdict("CANCELLED") == "failed"  # the driver sees the plugin's failures
     assert plugin_verdict("COMPLETED") == "succeeded"
     assert plugin_verdict("CANCELLED by 0") == "running", (
         f"snakemake-executor-plugin-slurm {importlib.metadata.version('snakemake-executor-plugin-slurm')} now "
-        "treats 'CANCELLED by 0' as failed: the workaround in src/vidlabel/slurm.py can go")
+        "treats 'CANCELLED by 0' as failed: the workaround in src/vidlabel/core/slurm.py can go")
 
 
 def test_wrapped_status_query_makes_the_plugin_fail_suffixed_states():
@@ -294,9 +294,9 @@ def test_wrapped_status_query_makes_the_plugin_fail_suffixed_states():
     for state, verdict in [("COMPLETED", "succeeded"), ("RUNNING", "running"), ("PENDING", "running"),
                            ("REQUEUED", "running"), ("PREEMPTED+", "running"), ("SUSPENDED", "running")]:
         assert plugin_verdict(state, wrap=True) == verdict, state
-    assert vidlabel.slurm.base_state("CANCELLED by 0") == "CANCELLED"
-    assert vidlabel.slurm.base_state("PREEMPTED by 0") == "PREEMPTED"
-    assert vidlabel.slurm.base_state("COMPLETING") == "COMPLETING"
+    assert vidlabel.core.slurm.base_state("CANCELLED by 0") == "CANCELLED"
+    assert vidlabel.core.slurm.base_state("PREEMPTED by 0") == "PREEMPTED"
+    assert vidlabel.core.slurm.base_state("COMPLETING") == "COMPLETING"
 
 
 def fake_plugin(query, hooked: bool = True) -> ModuleType:
@@ -324,7 +324,7 @@ async def fixed_query(command, logger):
 @pytest.mark.parametrize("version, query, hooked, applied, warning", [
     ("2.8.0", raw_query, True, True, None),  # known to need it
     ("2.4.0", raw_query, True, True, None),
-    ("2.8.0", raw_query, False, False, "not where vidlabel.slurm expects"),  # the hook moved
+    ("2.8.0", raw_query, False, False, "not where vidlabel.core.slurm expects"),  # the hook moved
     ("2.3.0", raw_query, True, False, "older than"),
     ("9.0.0", fixed_query, True, False, "can be removed"),  # a future version that handles it
     ("9.0.0", raw_query, True, True, None),  # a future version that does not
@@ -332,11 +332,11 @@ async def fixed_query(command, logger):
 def test_wrapper_is_applied_only_where_needed_and_once(version, query, hooked, applied, warning, caplog):
     plugin = fake_plugin(query, hooked)
     with caplog.at_level(logging.INFO):
-        assert vidlabel.slurm.read_failure_states_by_base_name(plugin, version) is applied
+        assert vidlabel.core.slurm.read_failure_states_by_base_name(plugin, version) is applied
         assert (plugin.query_job_status is not query) is applied
         if applied:
             wrapped = plugin.query_job_status
-            assert vidlabel.slurm.read_failure_states_by_base_name(plugin, version)
+            assert vidlabel.core.slurm.read_failure_states_by_base_name(plugin, version)
             assert plugin.query_job_status is wrapped  # not wrapped twice
             for _ in range(2):
                 states, _ = asyncio.run(wrapped(shlex.join(["printf", r"7|CANCELLED by 0\n8|RUNNING\n"]),
@@ -604,7 +604,11 @@ def test_e2e_results_equal_the_local_profile(slurm_e2e, local_reference):
 def test_server_media_threads_follow_the_cpus_granted(slurm_e2e):
     """classify asks for 4 GPUs x cpus_per_gpu CPUs; the server's API processes and their media
     decoding threads share all but two of them."""
-    from vidlabel.server import CPUS_PER_API_SERVER, MAX_API_SERVERS, RESERVED_CPUS
+    from vidlabel.serve.server import (
+        CPUS_PER_API_SERVER,
+        MAX_API_SERVERS,
+        RESERVED_CPUS,
+    )
 
     workdir, _, _ = slurm_e2e
     profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
@@ -953,7 +957,7 @@ def attempts(jobs: list[dict[str, str]], job_id: str) -> list[dict[str, str]]:
 
 
 def assert_noticed_and_retried(cancelled, case, cluster_jobs):
-    """The cancelled job is read as failed (through vidlabel.slurm) within two status checks and its
+    """The cancelled job is read as failed (through vidlabel.core.slurm) within two status checks and its
     retry completed."""
     checks = status_checks_between(cancelled.lines, case.cancelled, case.noticed)
     assert checks <= 2, f"{checks} status checks before the cancelled job {case.job} was noticed"

@@ -6,14 +6,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import ppi_py
 import pyarrow as pa
 import pytest
-
-from vidlabel import aggregate, stats
-
-import ppi_py
 from ppi_py.ppi import _calc_lam_glm  # private: the lambda ppi_py tunes internally
 
+from vidlabel.analyze import aggregate, stats
 
 # ------------------------------------------------------------------------------------------
 # Agreement against hand-computed confusion matrices

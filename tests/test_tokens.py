@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from vidlabel import config as cfgmod
-from vidlabel import tokens as tk
+from vidlabel.core import config as cfgmod
+from vidlabel.prepare import tokens as tk
 
 S = tk.Sampling()  # fps 2, 4..768 frames, 100,352..602,112 pixels
 

@@ -6,11 +6,11 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
-
 from planning_helpers import inventory_row, make_clip, write_inventory
-from vidlabel import config as cfgmod
-from vidlabel import planning as pl
-from vidlabel import transcode as tc
+
+from vidlabel.core import config as cfgmod
+from vidlabel.prepare import planning as pl
+from vidlabel.prepare import transcode as tc
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +170,7 @@ def _probed_inventory(formats, tmp_path, broken_av1=False):
     """The inventory stage on the real files (PyAV probes), as the workflow builds it."""
     import pyarrow as pa
 
-    from vidlabel.inventory import build_inventory
+    from vidlabel.prepare.inventory import build_inventory
 
     files, root = formats
     posts = tmp_path / "posts.csv"
@@ -249,7 +249,7 @@ def test_a_file_neither_the_server_nor_the_transcoder_reads_is_an_error_record(f
 def test_manifest_sends_the_server_only_what_it_decodes(formats, tmp_path):
     """Through the manifest: the AV1 post's request reads the H.264 transcode; an AV1 post the
     transcoder cannot read either is excluded before any GPU time."""
-    from vidlabel.manifest import build
+    from vidlabel.prepare.manifest import build
 
     for broken, sub in ((False, "ok"), (True, "broken")):
         work = tmp_path / sub

@@ -16,11 +16,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from demo_media import get_demo_set, whisper_tiny_en
-from vidlabel.journal import iter_records, journal_beside
-from vidlabel.sharding import stable_chunk
-from vidlabel.transcribe import chunk_posts, run_chunk
+
+from vidlabel.core.journal import iter_records, journal_beside
+from vidlabel.prepare.sharding import stable_chunk
+from vidlabel.prepare.transcribe import chunk_posts, run_chunk
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # the model is loaded by path; nothing may be downloaded
 
@@ -88,7 +88,7 @@ def read_chunk(path) -> dict:
 
 def test_faster_whisper_transcribes_the_spoken_words(demo, tmp_path, caplog):
     out = tmp_path / "chunk-0.parquet"
-    with caplog.at_level(logging.INFO, logger="vidlabel.transcribe"):
+    with caplog.at_level(logging.INFO, logger="vidlabel.prepare.transcribe"):
         run_chunk(whisper_config(demo), demo.inventory, 0, out)
     rows = read_chunk(out)
     assert set(rows) == valid_posts(demo)  # probe errors are not transcribed
@@ -146,7 +146,7 @@ def test_crash_mid_chunk_then_resume_transcribes_only_the_rest(demo, tmp_path):
         f"""
         import json, logging, sys
         logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-        from vidlabel.transcribe import run_chunk
+        from vidlabel.prepare.transcribe import run_chunk
         run_chunk(json.load(open({str(config_file)!r})), {str(demo.inventory)!r}, 0, {str(out)!r})
         """
     )

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-
 from planning_helpers import make_clip
 from standin import read_request_log, vllm_shim
 from standin.shards import QUESTIONS
-from vidlabel import config as vconfig
-from vidlabel import manifest, transcode
-from vidlabel.classify import run_shard
-from vidlabel.inventory import build_inventory
+
+from vidlabel.core import config as vconfig
+from vidlabel.prepare import manifest, transcode
+from vidlabel.prepare.inventory import build_inventory
+from vidlabel.serve.classify import run_shard
 
 MODEL = "Qwen/Qwen2.5-VL-7B-Instruct"
 # (width, height): 720p and 1080p, portrait and landscape.

@@ -26,7 +26,7 @@ def local_whisper_model() -> str | None:
 
 def classification_backend(config: dict) -> str | None:
     """How classification would run here, or None when nothing can serve the model."""
-    from vidlabel.models import own_servers
+    from vidlabel.core.models import own_servers
 
     if not own_servers(config):
         return "endpoints"
@@ -63,7 +63,7 @@ def write_demo_human_labels(expected: dict, path: Path) -> None:
 
 
 def demo(data_dir: Path, snakemake_args: list[str]) -> int:
-    from vidlabel import config as vconfig
+    from vidlabel.core import config as vconfig
     from vidlabel.demo import make_demo_set
 
     data_dir = data_dir.resolve()

@@ -21,7 +21,7 @@ def standin_command(python: str | None = None, request_log: str | Path | None = 
 
     ``faults`` are extra stand-in arguments, e.g. ``"--yes-if", "promotes_product=buy"``,
     ``"--crash-after", "5"`` (see ``tests/standin/server.py --help``). The template keeps the
-    server fields ``{port}``, ``{media_root}`` and ``{model}`` for vidlabel.server to fill in.
+    server fields ``{port}``, ``{media_root}`` and ``{model}`` for vidlabel.serve.server to fill in.
     """
     parts = [_quote_for_template(python or sys.executable), _quote_for_template(SERVER_SCRIPT),
              "--host 127.0.0.1 --port {port} --allowed-local-media-path {media_root}",

@@ -7,7 +7,7 @@ import json
 import logging
 import sys
 
-from vidlabel.classify import run_shard
+from vidlabel.serve.classify import run_shard
 
 
 def main(argv: list[str]) -> int:

@@ -2,7 +2,7 @@
 
 Written from vLLM's source (``multimodal/video.py: Qwen2VLVideoBackend``,
 ``models/qwen2_vl.py``) and the Hugging Face processor's ``smart_resize``, independently of
-vidlabel's own estimator (``vidlabel.tokens``), so that the tests compare two implementations:
+vidlabel's own estimator (``vidlabel.prepare.tokens``), so that the tests compare two implementations:
 
 - frames: ``n = total_frames / source_fps * fps``, clamped to [min_frames, max_frames] (and the
   file's frames, floored to even), then floored to a multiple of the temporal patch (2);

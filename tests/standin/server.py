@@ -53,9 +53,8 @@ import urllib.parse
 import urllib.request
 from collections import defaultdict
 
-from aiohttp import web
-
 import qwen_video  # beside this script
+from aiohttp import web
 
 VLLM_DEFAULT_BATCHED_TOKENS = 8192  # vLLM's API-server default on H100/H200
 _QUESTION_LINE = re.compile(r"^\s*-\s*([a-z][a-z0-9_]*)\s*:", re.MULTILINE)

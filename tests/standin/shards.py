@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from vidlabel import config as vconfig
-from vidlabel.io import write_parquet
-from vidlabel.prompt import render_prompt, request_id
+from vidlabel.core import config as vconfig
+from vidlabel.core.io import write_parquet
+from vidlabel.prepare.prompt import render_prompt, request_id
 
 from . import standin_command
 

@@ -39,7 +39,7 @@ rule aggregate:
         throughput_plot=_plot("throughput", "throughput over time"),
         errors_plot=_plot("errors", "errors by kind"),
     params:
-        # Its result settings: editing one reruns this job (vidlabel.settings).
+        # Its result settings: editing one reruns this job (vidlabel.core.settings).
         settings=model_settings("aggregate"),
         summary_dir=f"{MODEL_DIR}/summary",
     log:
@@ -89,8 +89,8 @@ rule compare:
             labels={"figure": "prevalence per model"},
         ),
     params:
-        # Its result settings: editing one reruns this job (vidlabel.settings).
-        settings=vidlabel.settings.fingerprint(config, "compare"),
+        # Its result settings: editing one reruns this job (vidlabel.core.settings).
+        settings=vidlabel.core.settings.fingerprint(config, "compare"),
         models=MODELS,
         compare_dir=f"{RESULTS}/compare",
     log:

@@ -6,8 +6,8 @@ RESULTS = config["results"]
 TRANSCRIBE_CHUNKS = range(config["transcribe"]["chunks"])
 TRANSCODE_CHUNKS = range(config["planning"]["transcode"]["chunks"])
 SHARDS = range(config["classify"]["shards"])
-# Every model labels the same manifest into its own folder (vidlabel.models, docs/models.md).
-MODELS = vidlabel.models.names(config)
+# Every model labels the same manifest into its own folder (vidlabel.core.models, docs/models.md).
+MODELS = vidlabel.core.models.names(config)
 MODEL_DIR = f"{RESULTS}/models/{{model}}"
 
 
@@ -35,7 +35,7 @@ def label_shards(wildcards):
 
 def model_settings(stage):
     """A per-model rule's params: the fingerprint of the stage's settings under that model's config."""
-    return lambda wildcards: vidlabel.settings.fingerprint(config, stage, wildcards.model)
+    return lambda wildcards: vidlabel.core.settings.fingerprint(config, stage, wildcards.model)
 
 
 def human_labels(wildcards):

@@ -4,8 +4,8 @@ rule inventory:
     output:
         f"{RESULTS}/inventory.parquet",
     params:
-        # Its result settings: editing one reruns this job (vidlabel.settings).
-        settings=vidlabel.settings.fingerprint(config, "inventory"),
+        # Its result settings: editing one reruns this job (vidlabel.core.settings).
+        settings=vidlabel.core.settings.fingerprint(config, "inventory"),
     log:
         "logs/inventory.log",
     conda:

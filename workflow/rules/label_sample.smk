@@ -20,8 +20,8 @@ rule label_sample:
         ls_config=f"{RESULTS}/label_sample/labelstudio_config.xml",
         ls_tasks=f"{RESULTS}/label_sample/labelstudio_tasks.json",
     params:
-        # Its result settings: editing one reruns this job (vidlabel.settings).
-        settings=vidlabel.settings.fingerprint(config, "label_sample"),
+        # Its result settings: editing one reruns this job (vidlabel.core.settings).
+        settings=vidlabel.core.settings.fingerprint(config, "label_sample"),
     log:
         "logs/label_sample.log",
     conda:

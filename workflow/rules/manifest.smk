@@ -8,8 +8,8 @@ rule manifest:
         excluded=f"{RESULTS}/manifest/excluded.parquet",
         plan=f"{RESULTS}/manifest/plan.csv",
     params:
-        # Its result settings: editing one reruns this job (vidlabel.settings).
-        settings=vidlabel.settings.fingerprint(config, "manifest"),
+        # Its result settings: editing one reruns this job (vidlabel.core.settings).
+        settings=vidlabel.core.settings.fingerprint(config, "manifest"),
     log:
         "logs/manifest.log",
     conda:

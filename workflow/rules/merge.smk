@@ -6,7 +6,7 @@ rule merge:
     output:
         f"{MODEL_DIR}/labels.parquet",
     params:
-        # Its result settings: editing one reruns this job (vidlabel.settings).
+        # Its result settings: editing one reruns this job (vidlabel.core.settings).
         settings=model_settings("merge"),
     log:
         "logs/merge/{model}.log",

@@ -6,9 +6,9 @@ rule transcode:
     output:
         f"{RESULTS}/transcoded/chunk-{{chunk}}.parquet",
     params:
-        # Its result settings: editing one reruns this job (vidlabel.settings).
-        settings=vidlabel.settings.fingerprint(config, "transcode"),
-        media_dir=vidlabel.planning.transcoded_media_dir(config),
+        # Its result settings: editing one reruns this job (vidlabel.core.settings).
+        settings=vidlabel.core.settings.fingerprint(config, "transcode"),
+        media_dir=vidlabel.prepare.planning.transcoded_media_dir(config),
     log:
         "logs/transcode/chunk-{chunk}.log",
     conda:

@@ -12,7 +12,7 @@ Intervals
   (``hajek_share``).
 - Bias-corrected prevalence, uniform sample: PPI++ (prediction-powered inference with the
   power-tuning lambda, Angelopoulos, Duchi & Zrnic 2023). The moments are computed in DuckDB SQL
-  (``sql/ppi_moments.sql``, see ``vidlabel.aggregate``); ``ppi_reference`` is the same estimate from
+  (``sql/ppi_moments.sql``, see ``vidlabel.analyze.aggregate``); ``ppi_reference`` is the same estimate from
   ``ppi_py`` and serves as the cross-check. Weighted sample (known inclusion probabilities, e.g.
   active sampling): the Horvitz-Thompson active estimator (``active_mean``).
 - The reported corrected interval: ``corrected_interval`` (t quantile on the events, the human-only

@@ -20,8 +20,8 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from vidlabel.io import write_parquet
-from vidlabel.media import probe
+from vidlabel.core.io import write_parquet
+from vidlabel.prepare.media import probe
 
 log = logging.getLogger(__name__)
 

@@ -69,7 +69,7 @@ def _wrap(query):
         if not announced:  # once per run, on the first status query: the fix is in use
             announced = True
             logger.info("SLURM job states: suffixed failure states such as 'CANCELLED by <uid>' are read as "
-                        "the bare state (vidlabel.slurm)")
+                        "the bare state (vidlabel.core.slurm)")
         if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], dict)):
             return result  # a failed query (None, None): the plugin handles it
         states, seconds = result
@@ -110,14 +110,14 @@ def read_failure_states_by_base_name(plugin: ModuleType | None = None, version: 
     # The hook: the plugin's check_active_jobs calls the module-level query_job_status by name.
     code = getattr(check, "__code__", None)
     if not (inspect.iscoroutinefunction(query) and code is not None and "query_job_status" in code.co_names):
-        log.warning(f"{PLUGIN_DISTRIBUTION} {version}: its job status query is not where vidlabel.slurm expects "
+        log.warning(f"{PLUGIN_DISTRIBUTION} {version}: its job status query is not where vidlabel.core.slurm expects "
                     "it, so states like 'CANCELLED by <uid>' are read as the plugin reads them; if a job "
                     "cancelled with scancel keeps the run waiting, stop Snakemake and run the same command "
                     "again (docs/slurm.md)")
         return False
     installed = Version(version)
     if installed < KNOWN_AFFECTED[0]:
-        log.warning(f"{PLUGIN_DISTRIBUTION} {version} is older than the versions vidlabel.slurm knows; "
+        log.warning(f"{PLUGIN_DISTRIBUTION} {version} is older than the versions vidlabel.core.slurm knows; "
                     f"its job states are read as the plugin reads them")
         return False
     if installed > KNOWN_AFFECTED[1]:
@@ -125,11 +125,11 @@ def read_failure_states_by_base_name(plugin: ModuleType | None = None, version: 
             handled = _handles_suffixed_states(query)
         except Exception as error:  # the hook's contract changed: leave the plugin alone
             log.warning(f"{PLUGIN_DISTRIBUTION} {version}: its job status query no longer works as "
-                        f"vidlabel.slurm expects ({error!r}); its job states are read as the plugin reads them")
+                        f"vidlabel.core.slurm expects ({error!r}); its job states are read as the plugin reads them")
             return False
         if handled:
             log.warning(f"{PLUGIN_DISTRIBUTION} {version} reads 'CANCELLED by <uid>' as 'CANCELLED' itself: "
-                        "vidlabel.slurm leaves it alone and can be removed")
+                        "vidlabel.core.slurm leaves it alone and can be removed")
             return False
         # A newer version that still passes the raw state on: reading the base state is harmless
         # even if it now matches states elsewhere, and without it a cancelled job hangs the run.

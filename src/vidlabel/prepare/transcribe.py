@@ -21,10 +21,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vidlabel.io import write_parquet
-from vidlabel.journal import Journal, journal_beside
-from vidlabel.media import SAMPLE_RATE, AudioError, NoAudioStream, load_audio
-from vidlabel.sharding import stable_chunk
+from vidlabel.core.io import write_parquet
+from vidlabel.core.journal import Journal, journal_beside
+from vidlabel.prepare.media import SAMPLE_RATE, AudioError, NoAudioStream, load_audio
+from vidlabel.prepare.sharding import stable_chunk
 
 log = logging.getLogger(__name__)
 

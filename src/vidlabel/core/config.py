@@ -9,10 +9,10 @@ from typing import Any
 import jsonschema
 import yaml
 
-from vidlabel import models
-from vidlabel.prompt import answer_max_tokens
+from vidlabel.core import models
+from vidlabel.prepare.prompt import answer_max_tokens
 
-REPO_SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
+REPO_SCHEMA = Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "config.schema.yaml"
 
 
 class ConfigError(ValueError):

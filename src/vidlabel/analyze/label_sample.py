@@ -2,7 +2,7 @@
 the files to code it in Label Studio (rule ``label_sample``; docs/human_labels.md).
 
 - Population: every classified post of ``labels.parquet`` (status ok or error), as in aggregate.
-- Confidence: P(yes) per post and question from ``answer_probs`` (vidlabel.confidence). A question
+- Confidence: P(yes) per post and question from ``answer_probs`` (vidlabel.serve.confidence). A question
   answered without probabilities takes the question's model share as its P(yes), so with no
   probabilities at all every answered post gets the same uncertainty (a uniform design over them). A
   post without an answer (status error) has no P(yes): ``sampling.post_uncertainty`` counts it as
@@ -31,10 +31,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import duck, labelstudio, sampling
-from .aggregate import load_human_labels
-from .io import atomic_path, write_parquet, write_text
-from .merge import question_ids
+from vidlabel.analyze import labelstudio, sampling
+from vidlabel.analyze.aggregate import load_human_labels
+from vidlabel.analyze.merge import question_ids
+from vidlabel.core import duck
+from vidlabel.core.io import atomic_path, write_parquet, write_text
 
 log = logging.getLogger(__name__)
 
@@ -325,7 +326,7 @@ def collect(sample_dir: str | Path, export_path: str | Path, output_path: str | 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m vidlabel.label_sample",
+        prog="python -m vidlabel.analyze.label_sample",
         description="Turn a Label Studio export of the human sample into the human-labels file for aggregate.")
     sub = parser.add_subparsers(dest="command", required=True)
     c = sub.add_parser("collect", help="export (+ burn-in) -> human labels CSV with sampling probabilities")

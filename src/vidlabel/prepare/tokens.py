@@ -36,7 +36,7 @@ FACTOR = 28  # pixels per LLM token side: ViT patch 14, 2x2 spatial merge
 TEMPORAL_PATCH = 2  # frames per temporal patch
 # Fewest frames a video file may hold: vLLM's Qwen2-VL sampler takes the file's frame count down to
 # an even number and divides by it, so a 1-frame file fails with HTTP 500 "division by zero"
-# (vLLM 0.26, measured). Files with fewer frames are transcoded (vidlabel.planning).
+# (vLLM 0.26, measured). Files with fewer frames are transcoded (vidlabel.prepare.planning).
 MIN_FILE_FRAMES = TEMPORAL_PATCH
 FIXED_FRAMES = 32  # frames sampled uniformly by vLLM for models without their own sampling rule
 

@@ -9,8 +9,8 @@ import time
 
 import aiohttp
 
-from vidlabel.endpoints import Endpoint
-from vidlabel.limit import InFlightLimit
+from vidlabel.serve.endpoints import Endpoint
+from vidlabel.serve.limit import InFlightLimit
 
 log = logging.getLogger(__name__)
 

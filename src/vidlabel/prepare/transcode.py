@@ -11,7 +11,7 @@ posts the planner re-plans: those over a limit (their new fps/pixel bound/trim e
 transcoded file) and those whose original the server cannot read (a codec it does not decode, too
 few frames), so the rule can always run. A clip too short for the planned rate is written with
 enough frames for the model (``planning.transcode_target``); a file with fewer is an error record.
-Each post is planned by ``vidlabel.planning.plan_posts``; without transcripts (the rule may run
+Each post is planned by ``vidlabel.prepare.planning.plan_posts``; without transcripts (the rule may run
 before transcription) a speech allowance by duration stands in for the transcript's tokens.
 
 Resume: every finished post (ok or error) is appended to the journal ``<output>.jsonl`` (key
@@ -37,11 +37,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vidlabel import planning
-from vidlabel import tokens as tk
-from vidlabel.io import atomic_path, write_parquet
-from vidlabel.journal import Journal, journal_beside
-from vidlabel.sharding import stable_chunk
+from vidlabel.core.io import atomic_path, write_parquet
+from vidlabel.core.journal import Journal, journal_beside
+from vidlabel.prepare import planning
+from vidlabel.prepare import tokens as tk
+from vidlabel.prepare.sharding import stable_chunk
 
 log = logging.getLogger(__name__)
 

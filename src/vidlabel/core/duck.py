@@ -8,9 +8,9 @@ from typing import Iterable
 
 import duckdb
 
-from .io import atomic_path
+from vidlabel.core.io import atomic_path
 
-SQL_DIR = Path(__file__).resolve().parent / "sql"
+SQL_DIR = Path(__file__).resolve().parents[1] / "sql"
 
 # Question ids become SQL identifiers and column names; the config schema already restricts them
 # to this pattern, and we check again here because they are pasted into SQL text.

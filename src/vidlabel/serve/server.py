@@ -6,7 +6,7 @@ to every user of the node in the process list). The server runs in its own proce
 teardown reaches the workers it forks; teardown (SIGTERM, then SIGKILL after a grace period) runs on
 every exit path: the context manager, ``atexit``, and the parent's death (PR_SET_PDEATHSIG on Linux).
 The watchdog watches the process; whether a running server answers is the client's health check
-(``vidlabel.endpoints``), the same for own servers and external endpoints.
+(``vidlabel.serve.endpoints``), the same for own servers and external endpoints.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from typing import Callable
 
 import httpx
 
-from vidlabel.error_kinds import fatal_error, response_message
-from vidlabel.parallelism import Layout, choose_layout, granted_gpus
-from vidlabel.planning import allowed_media_path
+from vidlabel.prepare.planning import allowed_media_path
+from vidlabel.serve.error_kinds import fatal_error, response_message
+from vidlabel.serve.parallelism import Layout, choose_layout, granted_gpus
 
 log = logging.getLogger(__name__)
 

@@ -36,16 +36,21 @@ from typing import Any, Callable, Coroutine, TypeVar
 
 import aiohttp
 
-from vidlabel.concurrency import adapt
-from vidlabel.confidence import answer_probabilities, logprobs_request
-from vidlabel.deadline import Deadlines, Expired
-from vidlabel.endpoints import Endpoint, Endpoints, NoLiveEndpoint, describe
-from vidlabel.error_kinds import (classify_error, fatal_error, response_message, retry_after_s,
-                                  server_cannot_see_media)
-from vidlabel.limit import InFlightLimit, backoff_s
-from vidlabel.planning import allowed_media_path
-from vidlabel.prompt import parse_answers, response_format
-from vidlabel.settings import digest
+from vidlabel.core.settings import digest
+from vidlabel.prepare.planning import allowed_media_path
+from vidlabel.prepare.prompt import parse_answers, response_format
+from vidlabel.serve.concurrency import adapt
+from vidlabel.serve.confidence import answer_probabilities, logprobs_request
+from vidlabel.serve.deadline import Deadlines, Expired
+from vidlabel.serve.endpoints import Endpoint, Endpoints, NoLiveEndpoint, describe
+from vidlabel.serve.error_kinds import (
+    classify_error,
+    fatal_error,
+    response_message,
+    retry_after_s,
+    server_cannot_see_media,
+)
+from vidlabel.serve.limit import InFlightLimit, backoff_s
 
 T = TypeVar("T")
 
@@ -381,7 +386,7 @@ def fill_from_answer(rec: dict, completion: dict, questions: list[dict[str, Any]
     except ValueError as exc:
         rec.update(status="error", error_kind="invalid_output", error=str(exc), answers=None)
         return True
-    # How sure the model was of each answer (vidlabel.confidence); a question without usable
+    # How sure the model was of each answer (vidlabel.serve.confidence); a question without usable
     # log-probabilities is left out and says why.
     probs, missing = answer_probabilities((choice.get("logprobs") or {}).get("content"), questions)
     rec.update(status="ok", error_kind=None, error=None, answer_probs=probs or None,

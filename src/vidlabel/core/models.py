@@ -58,7 +58,7 @@ def resolve(classify: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def names(config: Mapping) -> list[str]:
-    """The model names, in the config's order (classify.models is resolved by vidlabel.config.validate)."""
+    """The model names, in the config's order (classify.models is resolved by vidlabel.core.config.validate)."""
     return [e["name"] for e in config["classify"]["models"]]
 
 

@@ -5,7 +5,7 @@ slot, i.e. per request the job keeps in flight: ``classify.concurrency`` x serve
 one is warned about in the log and the summary) is drawn from the manifest, stratified by estimated
 prompt tokens (equal-count strata of ``est_prompt_tokens``, a proportional random draw in each, so
 the heavy tail is represented), written as a shard file in the manifest format and classified by
-``vidlabel.classify.run_shard`` exactly as a shard job would (same server, same concurrency).
+``vidlabel.serve.classify.run_shard`` exactly as a shard job would (same server, same concurrency).
 
 The fit, from the pilot's label records (status ok):
 
@@ -53,8 +53,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vidlabel.io import write_parquet, write_text
-from vidlabel.parallelism import choose_layout, granted_gpus
+from vidlabel.core.io import write_parquet, write_text
+from vidlabel.serve.parallelism import choose_layout, granted_gpus
 
 log = logging.getLogger(__name__)
 
@@ -355,7 +355,7 @@ def run(config: dict, shard_paths, json_path, md_path, workdir,
     The pilot's shard file, labels and journal live in ``workdir``; a rerun resumes the pilot from
     its journal instead of classifying it again.
     """
-    from vidlabel import classify
+    from vidlabel.serve import classify
 
     tables = [pq.read_table(p) for p in shard_paths]
     shard_tokens = [t.column("est_prompt_tokens").to_numpy(zero_copy_only=False) for t in tables]

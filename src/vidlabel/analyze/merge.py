@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from . import duck
+from vidlabel.core import duck
 
 log = logging.getLogger(__name__)
 

@@ -38,10 +38,16 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from . import duck, plots, stats
-from .io import write_text
-from .merge import FIXED_COLUMNS, PROVENANCE_COLUMNS, provenance_counts, question_ids
-from .settings import fingerprint
+from vidlabel.analyze import plots, stats
+from vidlabel.analyze.merge import (
+    FIXED_COLUMNS,
+    PROVENANCE_COLUMNS,
+    provenance_counts,
+    question_ids,
+)
+from vidlabel.core import duck
+from vidlabel.core.io import write_text
+from vidlabel.core.settings import fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +75,7 @@ PLOTS = ("input_tokens", "output_tokens", "prevalence", "throughput", "errors")
 NO_ANSWER_SHARE_ALPHA = 0.01
 # Under unequal sampling probabilities, fewer effective events than this left the reported interval
 # at 92-93 % coverage in benchmarks/interval_coverage.py when the probabilities followed the model's P(yes)
-# (0.95 or more when they followed its uncertainty, as vidlabel.sampling draws them); said in a note.
+# (0.95 or more when they followed its uncertainty, as vidlabel.analyze.sampling draws them); said in a note.
 WEIGHTED_FEW_EVENTS = 30
 # Below this many labels Wilson's coverage oscillates down to 0.93 at some prevalences
 # (benchmarks/interval_coverage.py: 0.928 at prevalence 0.05 with 30 labels); said in a note.
@@ -193,7 +199,9 @@ def _read_human_raw(con, path: Path) -> None:
     """View ``human_raw`` over the file: CSV (every column as text: labels come as yes/no, 1/0 or
     true/false and are normalised in SQL), Parquet, or a Label Studio JSON export."""
     if path.suffix.lower() == ".json":
-        from .labelstudio import read_export  # only for Label Studio exports
+        from vidlabel.analyze.labelstudio import (
+            read_export,  # only for Label Studio exports
+        )
 
         try:
             table = read_export(path)

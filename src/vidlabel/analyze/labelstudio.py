@@ -17,7 +17,7 @@ from typing import Any, Iterable
 
 import pyarrow as pa
 
-from .prompt import ANSWER_CHOICES
+from vidlabel.prepare.prompt import ANSWER_CHOICES
 
 # Columns of read_export's table: one row per annotation and question.
 EXPORT_COLUMNS = ("post_id", "question", "label", "sampling_probability", "annotator")

@@ -1,6 +1,6 @@
 """Compare stage: several models' labels of the same posts side by side -> ``compare/``.
 
-Each model was merged and aggregated on its own (``vidlabel.aggregate``); every per-model number here
+Each model was merged and aggregated on its own (``vidlabel.analyze.aggregate``); every per-model number here
 (shares, corrected prevalence, agreement with the human labels, tokens, GPU-hours, cost) is copied
 from that model's summary, so it reads the same in both places. What only the models together give
 is added: agreement between each pair of models, the posts they disagree on (a list a person can
@@ -24,9 +24,10 @@ from typing import Any, Sequence
 
 import pyarrow as pa
 
-from . import aggregate, duck, plots, stats
-from .io import write_text
-from .merge import FIXED_COLUMNS, provenance_counts, question_ids
+from vidlabel.analyze import aggregate, plots, stats
+from vidlabel.analyze.merge import FIXED_COLUMNS, provenance_counts, question_ids
+from vidlabel.core import duck
+from vidlabel.core.io import write_text
 
 log = logging.getLogger(__name__)
 

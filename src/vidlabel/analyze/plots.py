@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from .io import atomic_path  # noqa: E402
+from vidlabel.core.io import atomic_path  # noqa: E402
 
 _SIZE = (7.5, 4.5)
 

@@ -26,10 +26,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from vidlabel import planning
-from vidlabel import tokens as tk
-from vidlabel.io import write_parquet
-from vidlabel.prompt import _BLOCK_TAGS, render_prompt, render_questions, request_id
+from vidlabel.core.io import write_parquet
+from vidlabel.prepare import planning
+from vidlabel.prepare import tokens as tk
+from vidlabel.prepare.prompt import (
+    _BLOCK_TAGS,
+    render_prompt,
+    render_questions,
+    request_id,
+)
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +63,7 @@ EXCLUDED_SCHEMA = pa.schema([
 
 
 def request_ids(post_ids, template: str, questions) -> list[str]:
-    """``vidlabel.prompt.request_id`` for many posts: the constant part of the payload is encoded once.
+    """``vidlabel.prepare.prompt.request_id`` for many posts: the constant part of the payload is encoded once.
 
     The payload is ``json.dumps([post_id, template, questions], sort_keys=True,
     ensure_ascii=False)``; only the post id varies. Checked against ``request_id`` on the first id
@@ -97,7 +102,7 @@ def _neutralise(arr: pa.Array, empty: str) -> pa.Array:
 
 
 def render_prompts(template: str, captions: pa.Array, transcripts: pa.Array, questions) -> pa.Array:
-    """``vidlabel.prompt.render_prompt`` for a whole column, vectorised with Arrow kernels.
+    """``vidlabel.prepare.prompt.render_prompt`` for a whole column, vectorised with Arrow kernels.
 
     Falls back to per-row ``render_prompt`` when the template uses anything but plain
     {caption}/{transcript}/{questions} fields, or when a sample of rows (including every kind of

@@ -49,9 +49,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from vidlabel import tokens as tk
-from vidlabel.io import write_text
-from vidlabel.prompt import render_prompt
+from vidlabel.core.io import write_text
+from vidlabel.prepare import tokens as tk
+from vidlabel.prepare.prompt import render_prompt
 
 SERVER_TOKENS_PER_S = 5080.0  # seed 000: prompt+completion tokens/s per 4-GPU instance
 COMPLETION_TOKENS_PER_QUESTION = 8

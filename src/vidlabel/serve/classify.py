@@ -1,14 +1,14 @@
 """Classify one manifest shard with one model: start the server (or use the endpoints), stream the
 requests, journal every result, and write ``labels/shard-{i}.parquet`` once every request has a
-terminal record (in the model's folder, ``results/models/<name>/``: vidlabel.models).
+terminal record (in the model's folder, ``results/models/<name>/``: vidlabel.core.models).
 
 Resume: the journal (``journal/shard-{i}.jsonl``) holds one record per finished request. A rerun skips
 requests whose record is terminal (``ok``, or an error that a retry would not change) *and* was made
-under the same request fingerprint (``vidlabel.client.request_fingerprint``: the prompt, the media
+under the same request fingerprint (``vidlabel.serve.client.request_fingerprint``: the prompt, the media
 file's size and mtime, the model, schema, generation settings and the server command); a record made
 under other settings stays in the journal (append-only) but is never reused, and the job logs how
 many it passed over and why. Once the job's servers are up, a record from another server (vLLM
-version or model folder, ``vidlabel.endpoints``) is not reused either. Every journal of the results
+version or model folder, ``vidlabel.serve.endpoints``) is not reused either. Every journal of the results
 directory is read, not only the shard's own, so re-dealing posts to shards (``classify.shards``)
 sends nothing twice; a record found in another shard's journal is copied into this one. A transient
 error (timeout, 503, 5xx, connection) that used up its attempts is recorded but tried again by the
@@ -22,7 +22,7 @@ nothing journaled. During the run, a row of MEDIA_FAILURE_RUN distinct videos fa
 media error and no answer in between stops it the same way; those records are not journaled.
 
 The job fails (raises) when no server is left (every own server copy exited, or every endpoint failed
-its health checks: ``vidlabel.endpoints``; while one is left, traffic moves to it), on SIGTERM/SIGINT
+its health checks: ``vidlabel.serve.endpoints``; while one is left, traffic moves to it), on SIGTERM/SIGINT
 (after a grace period for the requests in flight), on a fatal client error (bad key, unknown model)
 and when some request is still waiting for a retry; everything finished so far is in the journal, so
 the rerun continues.
@@ -46,15 +46,28 @@ import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vidlabel import settings as stage_settings
-from vidlabel.client import ClassifyClient, ClientSettings, Stopped, request_fingerprint, run
-from vidlabel.endpoints import NoLiveEndpoint
-from vidlabel.error_kinds import FatalClientError
-from vidlabel.io import write_parquet
-from vidlabel.journal import Journal, JournalLocked, iter_records
-from vidlabel.parallelism import choose_layout
-from vidlabel.server import (ServerBusy, ServerError, ServerGroup, answer_settings, log_tail, server_copies,
-                             smoke_request)
+from vidlabel.core import settings as stage_settings
+from vidlabel.core.io import write_parquet
+from vidlabel.core.journal import Journal, JournalLocked, iter_records
+from vidlabel.serve.client import (
+    ClassifyClient,
+    ClientSettings,
+    Stopped,
+    request_fingerprint,
+    run,
+)
+from vidlabel.serve.endpoints import NoLiveEndpoint
+from vidlabel.serve.error_kinds import FatalClientError
+from vidlabel.serve.parallelism import choose_layout
+from vidlabel.serve.server import (
+    ServerBusy,
+    ServerError,
+    ServerGroup,
+    answer_settings,
+    log_tail,
+    server_copies,
+    smoke_request,
+)
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from vidlabel.models import model_config
+from vidlabel.core.models import model_config
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ STAGES: dict[str, StageKeys] = {
 
 
 class UndeclaredSetting(LookupError):
-    """A stage read a config key it does not declare in ``vidlabel.settings.STAGES``."""
+    """A stage read a config key it does not declare in ``vidlabel.core.settings.STAGES``."""
 
 
 def _get(config: Mapping, path: str) -> tuple[bool, Any]:
@@ -108,7 +108,7 @@ class FrozenSettings(dict):
     def _missing(self, key: str) -> UndeclaredSetting:
         return UndeclaredSetting(
             f"config key '{self._prefix}{key}' is read but not declared for this stage in "
-            "vidlabel.settings.STAGES: declare it (results or operational) so that its fingerprint is right")
+            "vidlabel.core.settings.STAGES: declare it (results or operational) so that its fingerprint is right")
 
     def __getitem__(self, key):
         try:
@@ -191,7 +191,7 @@ def digest(value: Any) -> str:
 
 def fingerprint(config: Mapping, stage: str, model: str | None = None) -> str:
     """The fingerprint of what ``stage`` writes: its result settings (the rule's ``params``); for a
-    per-model stage, those of ``model``'s config (vidlabel.models.model_config)."""
+    per-model stage, those of ``model``'s config (vidlabel.core.models.model_config)."""
     if model is not None:
         config = model_config(config, model)
     return digest([stage, result_settings(config, stage)])

@@ -1,0 +1,1 @@
+"""Stages after the GPU: merge, aggregate, compare, statistics and human labels."""

@@ -1,0 +1,1 @@
+"""Settings, identity, configuration and the I/O every stage shares."""

@@ -1,0 +1,1 @@
+"""Stages before the GPU: inventory, transcription, transcode, planning and the manifest."""

@@ -1,0 +1,1 @@
+"""The classify stage: the vLLM servers, the client, errors, the journal of answers, the pilot."""
