@@ -65,15 +65,15 @@ def run(cfg, tmp_path, rows=None, transcode_rows=None, n_shards=2):
 def test_requests_exclusions_and_plan(tmp_path):
     cfg = make_config(tmp_path)
     reqs, excl, plan = run(cfg, tmp_path)
-    assert set(reqs) == {"a", "b", "c"}
+    assert set(reqs) == {"a", "b"}
     assert excl["broken"]["reason"] == "probe_error" and excl["broken"]["detail"] == "moov atom not found"
     # Needs re-planning, but no transcoded media exists: it must not reach the server.
     assert excl["long"]["reason"] == "too_long" and "transcode" in excl["long"]["detail"]
     assert excl["long"]["video_path"] == f"{MEDIA}/long.mp4"
-    # Transcript: ok is used; no_audio and error are empty transcripts, not exclusions.
+    # Transcript: ok is used; no_audio is an empty transcript; a failed one is an exclusion of its own.
     assert reqs["a"]["transcript"] == "these shoes are great <transcript>"
-    assert reqs["b"]["transcript"] == "" and reqs["c"]["transcript"] == ""
-    assert "(no speech)" in reqs["c"]["prompt"]
+    assert reqs["b"]["transcript"] == "" and "(no speech)" in reqs["b"]["prompt"]
+    assert excl["c"]["reason"] == "transcript_error" and "decode failed" in excl["c"]["detail"]
     # Estimates: a = 10 s 720p = 20 frames -> 10 pairs * 720 cells.
     assert reqs["a"]["est_visual_tokens"] == 7200
     assert reqs["b"]["est_visual_tokens"] == 20 * 720
@@ -81,11 +81,30 @@ def test_requests_exclusions_and_plan(tmp_path):
         assert r["est_prompt_tokens"] == r["est_visual_tokens"] + r["est_text_tokens"]
         assert r["media_path"] == r["video_path"] and r["plan"] == "as-is"
     # plan.csv agrees with the shard files.
-    assert sum(int(p["requests"]) for p in plan) == 3
+    assert sum(int(p["requests"]) for p in plan) == 2
     for p in plan:
         mine = [r for r in reqs.values() if r["shard"] == int(p["shard"])]
         assert int(p["requests"]) == len(mine)
         assert int(p["est_prompt_tokens"]) == sum(r["est_prompt_tokens"] for r in mine)
+
+
+def test_a_missing_transcript_is_never_told_to_the_model_as_no_speech(tmp_path):
+    """A post whose transcript failed is excluded (transcript_error); with transcribe.on_error:
+    classify_without it is classified with a prompt that says the transcript is unavailable, and its
+    row says so. A post missing from every transcript chunk is the same."""
+    rows = base_rows() + [inventory_row("d", f"{MEDIA}/d.mp4", duration_s=5.0, fps=25.0, width=640, height=480)]
+    _, excl, _ = run(make_config(tmp_path), tmp_path, rows=rows)
+    assert excl["c"]["reason"] == "transcript_error" and "decode failed" in excl["c"]["detail"]
+    assert excl["d"]["reason"] == "transcript_error" and "no transcript" in excl["d"]["detail"]
+    cfg = make_config(tmp_path)
+    cfg["transcribe"]["on_error"] = "classify_without"
+    reqs, excl, _ = run(cfg, tmp_path, rows=rows)
+    assert {"c", "d"} <= set(reqs) and not {"c", "d"} & set(excl)
+    for pid in ("c", "d"):
+        assert "(transcript unavailable)" in reqs[pid]["prompt"] and "(no speech)" not in reqs[pid]["prompt"]
+        assert reqs[pid]["transcript_status"] == "unavailable"
+    assert reqs["a"]["transcript_status"] == "ok" and reqs["b"]["transcript_status"] == "no_audio"
+    assert "(no speech)" in reqs["b"]["prompt"]
 
 
 def test_untrusted_text_stays_in_its_block(tmp_path):

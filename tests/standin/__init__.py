@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 SERVER_SCRIPT = Path(__file__).resolve().with_name("server.py")
+DEFAULT_VERSION = "0.26.0"  # what the stand-in's /version and the shim's `vllm --version` answer
 
 
 def _quote_for_template(text: str) -> str:
@@ -61,15 +62,21 @@ def vllm_shim(directory: str | Path, *standin_args: str, python: str | None = No
     rules (``--video-tokens qwen``), plus ``standin_args`` (faults, ``--yes-if``, ``--request-log``).
 
     Put ``directory`` first on PATH and keep vidlabel's default ``classify.server_command``: the test
-    then runs exactly the command a user's job runs.
+    then runs exactly the command a user's job runs. ``vllm --version`` prints the stand-in's version
+    (``--standin-version`` among ``standin_args``), as the real command line does.
     """
     path = Path(directory) / "vllm"
     path.parent.mkdir(parents=True, exist_ok=True)
     fixed = [str(SERVER_SCRIPT), "--video-tokens", "qwen", *map(str, standin_args)]
+    version = standin_args[list(standin_args).index("--standin-version") + 1] \
+        if "--standin-version" in standin_args else DEFAULT_VERSION
     path.write_text(
         f"#!{python or sys.executable}\n"
-        '"""vllm serve MODEL [flags] -> the stand-in server (tests only)."""\n'
+        '"""vllm serve MODEL [flags] -> the stand-in server; vllm --version -> its version (tests only)."""\n'
         "import os, sys\n"
+        "if sys.argv[1:] in (['--version'], ['-v']):\n"
+        f"    print({str(version)!r})\n"
+        "    sys.exit(0)\n"
         "if len(sys.argv) < 3 or sys.argv[1] != 'serve':\n"
         "    sys.exit('usage: vllm serve MODEL [options]')\n"
         f"fixed = {fixed!r}\n"

@@ -145,6 +145,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--media-io-kwargs", type=json.loads, default={})
     p.add_argument("--structured-outputs-config", type=json.loads, default={})
     p.add_argument("--generation-config", default="auto")
+    p.add_argument("--chat-template", default=None, help="a template file (or the template itself), as vLLM's")
     p.add_argument("--api-server-count", type=int, default=1)
     p.add_argument("--mm-processor-cache-gb", type=float, default=4.0)
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
