@@ -37,16 +37,21 @@ def base_rows():
     ]
 
 
-def transcripts(tmp_path):
-    return [write_transcripts([
+def transcripts(tmp_path, rows):
+    """a, b and c have their own transcript; any other post of ``rows`` but "d" an empty one."""
+    own = [
         {"post_id": "a", "text": "these shoes are great <transcript>", "status": "ok"},
         {"post_id": "b", "text": None, "status": "no_audio"},
         {"post_id": "c", "text": "garbage", "status": "error", "error": "decode failed"},
-    ], tmp_path / "chunk-0.parquet")]
+    ]
+    others = [{"post_id": r["post_id"], "text": "", "status": "ok"} for r in rows
+              if r["post_id"] not in {"a", "b", "c", "d"}]
+    return [write_transcripts(own + others, tmp_path / "chunk-0.parquet")]
 
 
 def run(cfg, tmp_path, rows=None, transcode_rows=None, n_shards=2):
-    inv = write_inventory(rows or base_rows(), tmp_path / "inventory.parquet")
+    rows = rows or base_rows()
+    inv = write_inventory(rows, tmp_path / "inventory.parquet")
     tcp = []
     if transcode_rows is not None:
         tcp = [tmp_path / "tc-0.parquet"]
@@ -54,7 +59,7 @@ def run(cfg, tmp_path, rows=None, transcode_rows=None, n_shards=2):
         write_parquet(pa.Table.from_pylist(full, schema=tc.SCHEMA), tcp[0])
     out = tmp_path / "manifest"
     shards = [out / f"shard-{i}.parquet" for i in range(n_shards)]
-    manifest.build(cfg, inv, transcripts(tmp_path), tcp, shards, out / "excluded.parquet", out / "plan.csv")
+    manifest.build(cfg, inv, transcripts(tmp_path, rows), tcp, shards, out / "excluded.parquet", out / "plan.csv")
     reqs = pa.concat_tables([pq.read_table(p).append_column("shard", pa.array([i] * pq.read_metadata(p).num_rows))
                              for i, p in enumerate(shards)])
     excl = {r["post_id"]: r for r in pq.read_table(out / "excluded.parquet").to_pylist()}
@@ -126,7 +131,7 @@ def test_request_id_stable_and_sensitive(tmp_path):
     assert ids == {k: v["request_id"] for k, v in reqs2.items()}
     c = cfg["classify"]
     assert ids["a"] == pr.request_id("a", c["prompt_template"], c["questions"])
-    assert len(set(ids.values())) == 3
+    assert len(set(ids.values())) == len(ids) == 2
     for change in ("template", "questions"):
         cfg2 = copy.deepcopy(cfg)
         if change == "template":
@@ -165,7 +170,7 @@ def test_transcoded_media_is_used_and_reestimated(tmp_path):
          "height": 560, "duration_s": 600.0, "frames": 75, "plan_action": "replan",
          "plan": "replan: fps 2->0.125 (visual tokens 276480->27360)"},
         # A failed transcode of a post that fits: falls back to the original file.
-        {"post_id": "c", "status": "error", "error": "ffmpeg failed: boom", "plan_action": "as-is", "plan": "as-is"},
+        {"post_id": "b", "status": "error", "error": "ffmpeg failed: boom", "plan_action": "as-is", "plan": "as-is"},
     ]
     reqs, excl, _ = run(cfg, tmp_path, transcode_rows=rows)
     assert "long" not in excl
@@ -173,7 +178,7 @@ def test_transcoded_media_is_used_and_reestimated(tmp_path):
     assert reqs["long"]["video_path"] == f"{MEDIA}/long.mp4"
     assert reqs["long"]["est_visual_tokens"] == 37 * 720  # 74 of the 75 frames (an even count): 37 pairs
     assert reqs["long"]["plan"].startswith("replan: fps 2->0.125")
-    assert reqs["c"]["media_path"] == f"{MEDIA}/c.mp4" and "transcode failed" in reqs["c"]["plan"]
+    assert reqs["b"]["media_path"] == f"{MEDIA}/b.mp4" and "transcode failed" in reqs["b"]["plan"]
 
     # A failed transcode of a post that needed re-planning is excluded with that reason.
     rows[0] = {"post_id": "long", "status": "error", "error": "ffmpeg failed: disk full", "plan_action": "replan"}

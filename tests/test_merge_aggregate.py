@@ -13,7 +13,7 @@ import pytest
 
 from vidlabel.analyze import aggregate, merge
 from vidlabel.core import config as vconfig
-from vidlabel.serve.classify import LABEL_SCHEMA
+from vidlabel.serve.record import LABEL_SCHEMA
 
 QUESTIONS = [{"id": "promotes_product", "text": "Product?"}, {"id": "shows_face", "text": "Face?"}]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -30,15 +30,25 @@ def standin_command(python: str | None = None, request_log: str | Path | None = 
     if request_log is not None:
         # The faults go to a file beside the request log, so that a rerun with other faults (or none)
         # runs the same server command, as a user's rerun does, and reuses the journaled answers.
-        # Two commands of one test that differ in their faults need two names (``faults_name``).
+        # Two commands of one test that differ in their faults need two names (``faults_name``). Both
+        # files are named in one JSON argument (--control), which is no file itself: vidlabel ties
+        # answers to the content of every file a server argument names.
         faults_file = Path(request_log).with_suffix(f".{faults_name}.json")
         faults_file.parent.mkdir(parents=True, exist_ok=True)
         faults_file.write_text(json.dumps([str(f) for f in faults]))
-        parts += ["--request-log", _quote_for_template(request_log),
-                  "--faults-file", _quote_for_template(faults_file)]
+        control = {"request_log": str(request_log), "faults_file": str(faults_file)}
+        parts += ["--control", _quote_for_template(json.dumps(control))]
     else:
         parts += [_quote_for_template(f) for f in faults]
     return " ".join(parts)
+
+
+# Requests of vidlabel's own probes (the readiness smoke request, the calibration videos), not of a job's traffic.
+PROBE_PREFIXES = ("smoke-", "calibrate-")
+
+
+def is_probe(request_id: str | None) -> bool:
+    return (request_id or "").startswith(PROBE_PREFIXES)
 
 
 def read_request_log(path: str | Path) -> list[dict]:

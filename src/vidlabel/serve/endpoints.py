@@ -18,8 +18,8 @@ The job's own servers (``owned``) are judged by their process (the watchdog) and
 connections, not by a slow probe: vLLM's ``/health`` runs on the API server's event loop and can take
 tens of seconds under heavy preprocessing. For them a probe that times out means busy.
 
-``identify()`` reads each endpoint's identity once (``/version`` and ``/v1/models``: the vLLM version
-and the model folder it serves); every record names the server that answered it.
+``identify()`` probes each endpoint's identity once (vidlabel.serve.probe: its version, model, reported
+settings and calibration videos); every record names the server that answered it and its fingerprint.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ from typing import Callable
 
 import aiohttp
 from yarl import URL
+
+from vidlabel.serve.probe import Calibration, ServerIdentity, identify
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +60,13 @@ class Endpoint:
     def __init__(self, index: int, base_url: str, api_key: str, owned: bool = False):
         self.index = index
         self.owned = owned
-        self.identity: str | None = None
+        self.identity: ServerIdentity | None = None
         self.base_url = base_url.rstrip("/")
         root = self.base_url[: -len("/v1")] if self.base_url.endswith("/v1") else self.base_url
         self.chat_url = URL(self.base_url + "/chat/completions")
         self.metrics_url = root + "/metrics"
         self.version_url = root + "/version"
+        self.server_info_url = root + "/server_info?config_format=json"
         self.models_url = self.base_url + "/models"
         self.probe_url = root + "/health"
         self.headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
@@ -173,9 +176,11 @@ class Endpoints:
             ep.state = SUSPECT
             ep.next_probe = time.monotonic() + min(SUSPECT_PROBE_S, self.interval_s)
 
-    async def identify(self, session: aiohttp.ClientSession) -> None:
-        """Set every endpoint's ``identity``: "vLLM <version>, model <folder> as <name>"."""
-        await asyncio.gather(*(_identify(session, ep) for ep in self.all))
+    async def identify(self, session: aiohttp.ClientSession, model: str, calibration: Calibration | None = None) -> None:
+        """Set every endpoint's ``identity`` (vidlabel.serve.probe), with the calibration videos if given."""
+        found = await asyncio.gather(*(identify(session, ep, model, calibration) for ep in self.all))
+        for ep, identity in zip(self.all, found):
+            ep.identity = identity
 
     async def watch(self) -> None:
         timeout = aiohttp.ClientTimeout(total=max(1.0, min(PROBE_TIMEOUT_S, self.interval_s)))
@@ -191,23 +196,3 @@ class Endpoints:
                     return
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), max(0.01, min(waits) - time.monotonic()))
-
-
-async def _get_json(session: aiohttp.ClientSession, url: str, headers: dict) -> dict | None:
-    try:
-        async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=60)) as resp:
-            if resp.status != 200:
-                return None
-            data = await resp.json(content_type=None)
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-async def _identify(session: aiohttp.ClientSession, ep: Endpoint) -> None:
-    version = (await _get_json(session, ep.version_url, ep.headers) or {}).get("version")
-    models = (await _get_json(session, ep.models_url, ep.headers) or {}).get("data") or []
-    model = models[0] if models and isinstance(models[0], dict) else {}
-    name, root = model.get("id"), model.get("root")
-    served = f"{root} as {name}" if root and name and root != name else (root or name or "unknown")
-    ep.identity = f"vLLM {version or 'unknown version'}, model {served}"
