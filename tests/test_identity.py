@@ -145,3 +145,13 @@ def test_the_content_media_identity_sees_a_file_rewritten_with_its_old_size_and_
     assert (clip.stat().st_size, clip.stat().st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)
     shard.run(shard.config(media_identity="content"))
     assert len(sends(shard)) == 4
+
+
+def test_the_docs_table_is_the_declaration():
+    """docs/outputs.md's "What identifies an answer" is vidlabel.core.identity.INPUTS, row for row."""
+    from vidlabel.core.identity import INPUTS, markdown_table
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "outputs.md").read_text()
+    assert markdown_table() in docs
+    assert {"prompt", "media", "transcript", "plan", "model", "server command", "server program", "generation",
+            "answer schema", "running server"} == {i.name for i in INPUTS}

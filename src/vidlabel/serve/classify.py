@@ -2,23 +2,17 @@
 requests, journal every result, and write ``labels/shard-{i}.parquet`` once every request has a
 terminal record (in the model's folder, ``results/models/<name>/``: vidlabel.core.models).
 
-Resume (vidlabel.serve.resume): the journal (``journal/shard-{i}.jsonl``) holds one record per
-finished request (vidlabel.serve.record). A rerun skips requests whose record is terminal and was made
-under the same request fingerprint (vidlabel.core.identity: prompt, media, transcript, plan, model by
-content, server command and program, generation settings, schema); a record made under anything else
-stays in the journal (append-only) but is never reused, and the job logs how many it passed over and
-why. Every job that reaches a server (every job with ``classify.endpoints``, also one with nothing
-left to send; a job with its own servers once they are up) probes it first (vidlabel.serve.probe:
-version, model, reported settings, two calibration videos) and sends again every record made by a
-server with another fingerprint. A job with its own servers and nothing left to send starts none.
-A transient error (timeout, 503, 5xx, connection) that used up its attempts is recorded but tried
-again by the next run, with a fresh attempt budget; once its attempts over all runs reach
-``RERUN_ATTEMPT_FACTOR * max_attempts`` the record becomes terminal, so a request that always fails
-ends as a clear record instead of failing the job forever.
+Resume (vidlabel.serve.resume): a rerun skips the requests whose journaled record is terminal and was
+made under the same request fingerprint (vidlabel.serve.provenance) and, once the servers are probed
+(vidlabel.serve.probe), by a server with the same fingerprint. Every job with ``classify.endpoints``
+probes them, also with nothing left to send; a job with its own servers and nothing to send starts
+none. A transient error (timeout, 503, 5xx, connection) that used up its attempts is recorded but
+tried again by the next run; once its attempts over all runs reach ``RERUN_ATTEMPT_FACTOR *
+max_attempts`` the record becomes terminal, so a request that always fails ends as a clear record.
 
 The first request goes alone, as the media check: a server that cannot see the job's media (another
 mount, another ``--allowed-local-media-path``) stops the job there, naming the probable cause, with
-nothing journaled (the calibration videos usually show it before). During the run, a row of
+nothing journaled (its calibration videos usually show it before). During the run, a row of
 MEDIA_FAILURE_RUN distinct videos failing with the same media error and no answer in between stops it
 the same way; those records are not journaled.
 
@@ -34,14 +28,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import re
 import signal
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pyarrow.parquet as pq
 
 from vidlabel.core import identity
@@ -50,7 +42,7 @@ from vidlabel.core.journal import Journal, JournalLocked
 from vidlabel.serve.calibration import calibration
 from vidlabel.serve.client import ClassifyClient, ClientSettings, Stopped, run
 from vidlabel.serve.command import server_copies
-from vidlabel.serve.endpoints import DOWN, NoLiveEndpoint
+from vidlabel.serve.endpoints import DOWN, NoLiveEndpoint, external_endpoints
 from vidlabel.serve.error_kinds import FatalClientError
 from vidlabel.serve.parallelism import choose_layout
 from vidlabel.serve.probe import CalibrationMediaError
@@ -58,13 +50,12 @@ from vidlabel.serve.progress import Progress
 from vidlabel.serve.provenance import JobIdentity, Provenance
 from vidlabel.serve.record import labels_table
 from vidlabel.serve.resume import from_other_servers, is_terminal, matching_records, resume_state
-from vidlabel.serve.server import ServerBusy, ServerError, ServerGroup, log_tail, smoke_request
+from vidlabel.serve.server import ServerError, ServerGroup, log_tail
 from vidlabel.serve.settings import ServeSettings
 
 log = logging.getLogger(__name__)
 
 RERUN_ATTEMPT_FACTOR = 2
-SMOKE_TRIES = 5  # an external endpoint's smoke request is asked again this often after a 5xx
 # This many distinct videos in a row failing with the same media error, no answer in between: the
 # server's media access is broken, not the videos (see the module docstring).
 MEDIA_FAILURE_RUN = 12
@@ -155,32 +146,6 @@ def classify_shard(settings: ServeSettings, shard_path: str | Path, output_path:
     log.info("shard %d: wrote %s (%d rows)", shard, output_path, len(rows))
 
 
-async def _external_endpoints(settings: ServeSettings) -> tuple[list[tuple[str, str]], dict[int, str]]:
-    """The endpoints and, by index, why those that failed their smoke request are down (ServerError
-    when all did; FatalClientError when one refused the key)."""
-    key = os.environ.get(settings.api_key_env, "")
-    if not key:
-        log.warning("environment variable %s is empty: sending requests without an API key", settings.api_key_env)
-    endpoints = [(url, key or "none") for url in settings.endpoints]
-    down: dict[int, str] = {}
-    async with httpx.AsyncClient(timeout=60.0) as http:
-        for i, (url, k) in enumerate(endpoints):
-            for attempt in range(1, SMOKE_TRIES + 1):
-                try:
-                    await smoke_request(http, url, {"Authorization": f"Bearer {k}"}, settings.model)
-                    break
-                except ServerError as exc:
-                    if isinstance(exc, ServerBusy) and attempt < SMOKE_TRIES:  # a 5xx: ask again
-                        await asyncio.sleep(1.0)
-                        continue
-                    log.error("endpoint %s is down at the start: %s", url, exc)
-                    down[i] = str(exc)
-                    break
-    if len(down) == len(endpoints):
-        raise ServerError("no endpoint answered: " + "; ".join(down.values()))
-    return endpoints, down
-
-
 async def _classify(settings: ServeSettings, provenance: Provenance, rows: list[dict], pending: list[dict],
                     reused: dict, journal: Journal, prior: dict, server_log_path, shard: int) -> None:
     client_settings = settings.client
@@ -218,7 +183,7 @@ async def _classify(settings: ServeSettings, provenance: Provenance, rows: list[
     down: dict[int, str] = {}
     try:
         if settings.endpoints:
-            endpoints, down = await _external_endpoints(settings)
+            endpoints, down = await external_endpoints(settings)
         else:
             largest = max(int(r["est_prompt_tokens"] or 0) for r in pending) + client_settings.max_tokens
             layout = choose_layout(settings, largest)

@@ -36,9 +36,9 @@ from typing import Any, Callable, Coroutine, TypeVar
 
 import aiohttp
 
-from vidlabel.prepare.prompt import parse_answers, response_format
+from vidlabel.prepare.prompt import parse_answers
 from vidlabel.serve.concurrency import adapt
-from vidlabel.serve.confidence import answer_probabilities, logprobs_request
+from vidlabel.serve.confidence import answer_probabilities
 from vidlabel.serve.deadline import Deadlines, Expired
 from vidlabel.serve.endpoints import Endpoint, Endpoints, NoLiveEndpoint, describe
 from vidlabel.serve.error_kinds import (
@@ -51,6 +51,7 @@ from vidlabel.serve.error_kinds import (
 from vidlabel.serve.limit import InFlightLimit, backoff_s
 from vidlabel.serve.probe import Calibration
 from vidlabel.serve.record import new_result
+from vidlabel.serve.settings import ClientSettings
 
 T = TypeVar("T")
 
@@ -68,33 +69,6 @@ _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=F
 
 class Stopped(Exception):
     """The client was told to stop (job SIGTERM, no endpoint left) while the request was running."""
-
-
-@dataclass(frozen=True)
-class ClientSettings:
-    model: str
-    questions: tuple[dict[str, Any], ...]
-    concurrency: int = 16
-    max_tokens: int = 512
-    temperature: float = 0.0
-    top_logprobs: int = 20
-    request_timeout_s: float = 900.0
-    adaptive_deadline: bool = True
-    deadline_floor_s: float = 60.0
-    max_attempts: int = 6
-    backoff_initial_s: float = 1.0
-    backoff_max_s: float = 60.0
-    health_interval_s: float = 10.0
-    media_root: str | None = None  # the one directory the server may read (planning.allowed_media_path)
-    adaptive: bool = False
-    adaptive_floor: int = 4
-    adaptive_ceiling: int = 64
-    adaptive_interval_s: float = 2.0
-
-    def request_settings(self) -> dict[str, Any]:
-        """Every body field besides the messages and max_tokens: what decides the answer with them."""
-        return {"model": self.model, "response_format": response_format(list(self.questions)),
-                "temperature": self.temperature, **logprobs_request(self.top_logprobs)}
 
 
 @dataclass
@@ -145,7 +119,11 @@ class ClassifyClient:
         self._session = aiohttp.ClientSession(
             connector=connector, timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S))
         s = self.settings
-        await self.endpoints.identify(self._session, s.model, self.calibration)
+        try:
+            await self.endpoints.identify(self._session, s.model, self.calibration)
+        except BaseException:
+            await self._session.close()
+            raise
         self._tasks = [asyncio.create_task(self.endpoints.watch()), asyncio.create_task(self.deadlines.watch())]
         if s.adaptive:
             self._tasks.append(asyncio.create_task(adapt(self.limit, self.endpoints.all, s.adaptive_floor,

@@ -27,17 +27,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from typing import Callable
 
 import aiohttp
+import httpx
 from yarl import URL
 
 from vidlabel.serve.probe import Calibration, ServerIdentity, identify
+from vidlabel.serve.server import ServerBusy, ServerError, smoke_request
+from vidlabel.serve.settings import ServeSettings
 
 log = logging.getLogger(__name__)
 
 FAILURES_BEFORE_DOWN = 3
+SMOKE_TRIES = 5  # an external endpoint's smoke request is asked again this often after a 5xx
 SUSPECT_PROBE_S = 1.0
 PROBE_TIMEOUT_S = 5.0
 UP, SUSPECT, DOWN = "up", "suspect", "down"
@@ -196,3 +201,29 @@ class Endpoints:
                     return
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), max(0.01, min(waits) - time.monotonic()))
+
+
+async def external_endpoints(settings: ServeSettings) -> tuple[list[tuple[str, str]], dict[int, str]]:
+    """The endpoints and, by index, why those that failed their smoke request are down (ServerError
+    when all did; FatalClientError when one refused the key)."""
+    key = os.environ.get(settings.api_key_env, "")
+    if not key:
+        log.warning("environment variable %s is empty: sending requests without an API key", settings.api_key_env)
+    endpoints = [(url, key or "none") for url in settings.endpoints]
+    down: dict[int, str] = {}
+    async with httpx.AsyncClient(timeout=60.0) as http:
+        for i, (url, k) in enumerate(endpoints):
+            for attempt in range(1, SMOKE_TRIES + 1):
+                try:
+                    await smoke_request(http, url, {"Authorization": f"Bearer {k}"}, settings.model)
+                    break
+                except ServerError as exc:
+                    if isinstance(exc, ServerBusy) and attempt < SMOKE_TRIES:  # a 5xx: ask again
+                        await asyncio.sleep(1.0)
+                        continue
+                    log.error("endpoint %s is down at the start: %s", url, exc)
+                    down[i] = str(exc)
+                    break
+    if len(down) == len(endpoints):
+        raise ServerError("no endpoint answered: " + "; ".join(down.values()))
+    return endpoints, down

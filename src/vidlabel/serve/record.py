@@ -21,6 +21,7 @@ import pyarrow as pa
 
 _JOURNAL_ONLY = {"labels": False}  # kept in the journal, not a column of the label shards
 _JSON = {"json": True}  # a dict, stored as JSON text in the label shards
+_MERGED = {"merged": True}  # also a column of labels.parquet, one row per post (vidlabel.analyze.merge)
 
 
 @dataclass(frozen=True)
@@ -34,29 +35,33 @@ class Record(Mapping):
     http_status: int | None = None
     attempts: int = 0  # attempts charged to the request, over all runs
     sends: int = 0  # HTTP requests made for it, over all runs
-    latency_s: float | None = None
-    started_at: float | None = None
-    finished_at: float | None = None
+    latency_s: float | None = field(default=None, metadata=_MERGED)
+    started_at: float | None = field(default=None, metadata=_MERGED)
+    finished_at: float | None = field(default=None, metadata=_MERGED)
     finish_reason: str | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
+    prompt_tokens: int | None = field(default=None, metadata=_MERGED)
+    completion_tokens: int | None = field(default=None, metadata=_MERGED)
     est_prompt_tokens: int | None = None
     raw_text: str | None = None
     answers: dict | None = field(default=None, metadata=_JSON)
-    answer_probs: dict | None = field(default=None, metadata=_JSON)
+    answer_probs: dict | None = field(default=None, metadata={**_JSON, **_MERGED})
     answer_probs_missing: dict | None = field(default=None, metadata=_JOURNAL_ONLY)
     retryable: bool = field(default=False, metadata=_JOURNAL_ONLY)
-    transcript_status: str | None = None  # ok | no_audio | unavailable (the prompt said so)
+    # ok | no_audio | unavailable (the prompt said the transcript is unavailable)
+    transcript_status: str | None = field(default=None, metadata=_MERGED)
     # Provenance (docs/outputs.md): what made the answer.
-    model: str | None = None
-    model_revision: str | None = None  # the model's files: content digest, snapshot revision or "name only"
-    server: str | None = None  # the server that answered, in words
-    server_fingerprint: str | None = None  # what it reported (vidlabel.serve.probe)
-    settings_fingerprint: str | None = None
-    prompt_hash: str | None = None
-    request_fingerprint: str | None = None  # vidlabel.core.identity.answer_fingerprint
-    gpus: int | None = None  # GPUs the job held while it answered (own servers); null for endpoints
-    job_id: str | None = None  # the job run that answered (kept when copied into another shard's journal)
+    model: str | None = field(default=None, metadata=_MERGED)
+    # The model's files: a content digest, a snapshot revision, or "name only".
+    model_revision: str | None = field(default=None, metadata=_MERGED)
+    server: str | None = field(default=None, metadata=_MERGED)  # the server that answered, in words
+    server_fingerprint: str | None = field(default=None, metadata=_MERGED)  # what it reported (serve.probe)
+    settings_fingerprint: str | None = field(default=None, metadata=_MERGED)
+    prompt_hash: str | None = field(default=None, metadata=_MERGED)
+    request_fingerprint: str | None = field(default=None, metadata=_MERGED)  # core.identity.answer_fingerprint
+    # GPUs the job held while it answered (own servers); null for classify.endpoints.
+    gpus: int | None = field(default=None, metadata=_MERGED)
+    # The job run that answered; kept when the record is copied into another shard's journal.
+    job_id: str | None = field(default=None, metadata=_MERGED)
     copied_from_shard_journal: bool = field(default=False, metadata=_JOURNAL_ONLY)
 
     # ---- a read-only mapping over the fields, as the journal's JSON has them
@@ -94,6 +99,9 @@ _FIELDS = tuple(f.name for f in fields(Record))
 _ARROW = {"str": pa.string(), "int": pa.int64(), "float": pa.float64(), "bool": pa.bool_(), "dict": pa.string()}
 LABEL_FIELDS = tuple(f for f in fields(Record) if f.metadata.get("labels", True))
 LABEL_SCHEMA = pa.schema([(f.name, _ARROW[str(f.type).split(" ")[0]]) for f in LABEL_FIELDS])
+# Record fields labels.parquet carries as they are (its post_id, shard, status and error columns are
+# the merge's own, and so are the answer columns).
+MERGED_FIELDS = tuple(f.name for f in LABEL_FIELDS if f.metadata.get("merged"))
 
 
 def new_result(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,7 @@ edge (``classify.run_shard``, the estimate pilot): no module below them reads th
 Which config keys the stage reads, and their fingerprint, stay declared in vidlabel.core.settings
 (STAGES); this module only gives them types and groups them by who uses them: the server command
 (``ServerSettings``), the layout over the job's GPUs (``LayoutSettings``), the client
-(vidlabel.serve.client.ClientSettings) and the plan the requests were made for (``PlanSettings``).
+(``ClientSettings``) and the plan the requests were made for (``PlanSettings``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from typing import Any, Mapping
 from vidlabel.core import settings as stage_settings
 from vidlabel.prepare import planning
 from vidlabel.prepare.tokens import Sampling
-from vidlabel.serve.client import ClientSettings
+from vidlabel.prepare.prompt import response_format
+from vidlabel.serve.confidence import logprobs_request
 
 
 def _thaw(value: Any) -> Any:
@@ -26,6 +27,33 @@ def _thaw(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_thaw(v) for v in value]
     return value
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    model: str
+    questions: tuple[dict[str, Any], ...]
+    concurrency: int = 16
+    max_tokens: int = 512
+    temperature: float = 0.0
+    top_logprobs: int = 20
+    request_timeout_s: float = 900.0
+    adaptive_deadline: bool = True
+    deadline_floor_s: float = 60.0
+    max_attempts: int = 6
+    backoff_initial_s: float = 1.0
+    backoff_max_s: float = 60.0
+    health_interval_s: float = 10.0
+    media_root: str | None = None  # the one directory the server may read (planning.allowed_media_path)
+    adaptive: bool = False
+    adaptive_floor: int = 4
+    adaptive_ceiling: int = 64
+    adaptive_interval_s: float = 2.0
+
+    def request_settings(self) -> dict[str, Any]:
+        """Every body field besides the messages and max_tokens: what decides the answer with them."""
+        return {"model": self.model, "response_format": response_format(list(self.questions)),
+                "temperature": self.temperature, **logprobs_request(self.top_logprobs)}
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,8 @@ with the Whisper model by content.
 
 from __future__ import annotations
 
+import functools
+import shlex
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -38,8 +40,8 @@ from vidlabel.core.identity.model import (
 from vidlabel.core.settings import digest, result_settings
 
 __all__ = ["INPUTS", "Input", "MODES", "IdentityError", "ModelIdentity", "answer_fingerprint", "file_arguments",
-           "hub_snapshot", "media_item", "media_items", "media_state", "model_files", "model_identity",
-           "program_version", "server_fingerprint", "transcript_id", "transcription_fingerprint",
+           "files_state", "hub_snapshot", "markdown_table", "media_item", "media_items", "media_state", "model_files",
+           "model_identity", "program_version", "server_fingerprint", "transcript_id", "transcription_fingerprint",
            "transcription_settings"]
 
 
@@ -56,7 +58,9 @@ INPUTS: tuple[Input, ...] = (
     Input("prompt", "the rendered text: template, questions, caption and transcript",
           "request fingerprint", "every classify job, per request"),
     Input("media", "the file sent: path, size and modification time (`classify.media_identity: content`: "
-          "its SHA-256 too)", "request fingerprint", "every classify job, per request"),
+          "its SHA-256 too)", "request fingerprint",
+          "every classify job, per request; a file replaced at its path reruns the inventory and, for that post, "
+          "what follows (the media's state is the inventory's params)"),
     Input("transcript", "its identity: the audio item it was made from and the transcription settings "
           "(backend, model by content, device, compute type, beam size, VAD, language)",
           "transcribe journal; request fingerprint", "every transcribe job; every classify job"),
@@ -65,10 +69,11 @@ INPUTS: tuple[Input, ...] = (
           "every classify job, per request"),
     Input("model", "a local folder by content (small files hashed, weights by name, size and time); a "
           "Hugging Face snapshot by revision; a name alone for a remote endpoint (the log says so)",
-          "request fingerprint", "every classify job"),
+          "request fingerprint", "every classify job; a folder overwritten in place reruns the model's jobs "
+          "(their params)"),
     Input("server command", "the job's own server command and `server_args`, per-job fields (port, GPUs, "
           "copies) left out; every argument naming a file, by content", "request fingerprint",
-          "every classify job with its own servers"),
+          "every classify job with its own servers; a file it names, edited, reruns the jobs (their params)"),
     Input("server program", "`vllm --version` (another program: its executable's path, size and time)",
           "request fingerprint", "every classify job with its own servers, also with nothing to send"),
     Input("generation", "temperature, max_tokens, log-probabilities asked, generation config",
@@ -79,7 +84,8 @@ INPUTS: tuple[Input, ...] = (
           "`vllm:cache_config_info` (KV-cache dtype), `/server_info` where the server exposes it, and the "
           "visual tokens of two calibration videos (the server's effective fps and pixel bounds)",
           "server fingerprint of each record against the live servers'",
-          "every classify job with `classify.endpoints`; a job with its own servers once they are up"),
+          "every classify job with `classify.endpoints`, also with nothing to send; a job with its own servers "
+          "once they are up"),
 )
 
 
@@ -94,6 +100,29 @@ def answer_fingerprint(*, prompt: str, media: Mapping[str, Any], transcript: str
 def server_fingerprint(reported: Mapping[str, Any]) -> str:
     """The server fingerprint of what a running server reported (vidlabel.serve.probe)."""
     return digest({"running server": reported})
+
+
+def files_state(config: Mapping) -> str:
+    """The digest of what an answer depends on in files the config names (a classify rule's params,
+    so that a model folder overwritten or a chat template edited in place reruns its jobs): the model
+    by content, and every file the server command and ``server_args`` name, by content. The server
+    program's version and a running server's state are checked by each job that runs (the table in
+    docs/outputs.md)."""
+    c = config["classify"]
+    words = shlex.split(c["server_command"]) + shlex.split(c["server_args"]) if not c["endpoints"] else []
+    return _files_state(c["model"], bool(c["endpoints"]), tuple(words[1:]))
+
+
+@functools.lru_cache(maxsize=64)
+def _files_state(model: str, remote: bool, words: tuple[str, ...]) -> str:
+    return digest({"model": model_identity(model, remote).as_dict(), "files": file_arguments(words)})
+
+
+def markdown_table() -> str:
+    """``INPUTS`` as the table of docs/outputs.md ("What identifies an answer")."""
+    rows = ["| input | what of it counts | how it is checked | when |", "|---|---|---|---|"]
+    rows += [f"| {i.name} | {i.counts} | {i.checked} | {i.when} |" for i in INPUTS]
+    return "\n".join(rows)
 
 
 def transcription_settings(config: Mapping) -> dict[str, Any]:
