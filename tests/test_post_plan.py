@@ -30,7 +30,8 @@ def test_a_35_photo_slideshow_is_replanned_at_the_highest_image_bound_that_fits(
     assert plan.action == "replan"
     assert plan.plan.startswith("replan: images max_pixels 12845056->")
     assert "(visual tokens 94255->" in plan.plan
-    budget = int(planning.visual_token_budget(cfg, [text])[0])
+    budget = pp.visual_budget(cfg, text)
+    assert budget == int(planning.visual_token_budget(cfg, [text])[0])  # one video's, at the default cache
     assert plan.visual_tokens <= budget
     bound = plan.items[0].max_pixels
     assert all(p.max_pixels == bound for p in plan.items[:35]) and bound % pp.CELL == 0
@@ -58,7 +59,7 @@ def test_a_long_clip_in_a_carousel_gets_fewer_frames(cfg):
     plan = pp.plan_post(cfg, [pp.Item("video", 720, 1280, 120.0, 30.0), PHOTO, PHOTO], 300)
     assert plan.action == "replan" and "videos fps 2->" in plan.plan and "images" not in plan.plan
     assert plan.items[1].max_pixels == tk.ImageBounds().max_pixels  # the photos keep their bound
-    assert plan.visual_tokens <= int(planning.visual_token_budget(cfg, [300])[0])
+    assert plan.visual_tokens <= pp.visual_budget(cfg, 300)
 
 
 def test_too_many_photos_are_excluded_with_the_reason(cfg):
@@ -74,6 +75,12 @@ def test_over_limit_exclude_does_not_replan(cfg):
     plan = pp.plan_post(cfg, [PHOTO] * 35, 300)
     assert plan.action == "too_long" and "no lower" not in plan.plan
     assert pp.plan_post(cfg, [PHOTO], 300).action == "as-is"
+
+
+def test_items_need_not_fit_the_encoder_cache_together(cfg):
+    cfg["classify"]["max_num_batched_tokens"] = 8192
+    plan = pp.plan_post(cfg, [PHOTO] * 8, 300, encoder_cache=8192)  # 21,544 tokens, each photo 2,691
+    assert (plan.action, plan.visual_tokens) == ("as-is", 8 * 2693)
 
 
 def test_an_item_bigger_than_the_encoder_cache_is_shrunk(cfg):

@@ -228,11 +228,19 @@ def _image_plan(config: dict, images: list[Item], room: int, cache: int):
     return total, plans, hi * CELL
 
 
+def visual_budget(config: dict, text_tokens: int) -> int:
+    """Most visual tokens a post may carry: the context left after its text and answer, less the margin.
+    Unlike one video (``planning.visual_token_budget``), a post's items need not fit the encoder cache
+    together: vLLM encodes them item by item as the prefill advances; each item must fit it alone."""
+    c = config["classify"]
+    return int(np.floor((c["max_model_len"] - c["max_tokens"] - int(text_tokens)) / (1 + planning.ESTIMATE_MARGIN)))
+
+
 def plan_post(config: dict, items: list[Item], text_tokens: int, encoder_cache: int | None = None) -> PostPlan:
     """The context gate for one post (module docstring). ``encoder_cache``: the server's, by default
     ``classify.max_num_batched_tokens`` (the least vLLM allocates)."""
     cache = int(config["classify"]["max_num_batched_tokens"] if encoder_cache is None else encoder_cache)
-    budget = int(planning.visual_token_budget(config, [text_tokens])[0])
+    budget = visual_budget(config, text_tokens)
     bounds = tk.ImageBounds.from_config(config)
     videos = [i for i in items if i.kind == "video"]
     images = [i for i in items if i.kind == "image"]
