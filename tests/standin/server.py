@@ -7,8 +7,12 @@ It behaves like vLLM 0.33 where the client can tell the difference:
   ``{"error":"Unauthorized"}``; ``/health`` and ``/metrics`` are open;
 - ``file://`` media outside ``--allowed-local-media-path`` → 400 "... must be a subpath of ...";
   a missing file → 500 "[Errno 2] No such file or directory";
+- images (``image_url``) and videos (``video_url``) in the message's order; more of a kind than
+  ``--limit-mm-per-prompt`` allows → 400 "At most N image(s) may be provided in one prompt."; with
+  ``--video-tokens qwen`` images count as vLLM counts them (``qwen_image.py``: the stored size,
+  smart_resize within the image bounds of ``--mm-processor-kwargs``, + 2 markers per image);
 - a prompt longer than ``--max-model-len`` → 400 "This model's maximum context length is ...";
-  more video tokens than ``--encoder-cache-tokens`` → 400 "... exceeds the pre-allocated encoder cache size ...";
+  an item (video or image) of more tokens than the encoder cache → 400 "... exceeds the pre-allocated encoder cache size ...";
 - ``max_tokens`` caps the output: a longer answer is cut and ``finish_reason`` is ``length``;
 - a capacity model: ``--slots`` running requests, a waiting queue, service time proportional to the
   prompt and output tokens, 503 "The engine is currently busy ..." above ``--max-queued`` waiting;
@@ -53,7 +57,8 @@ import urllib.parse
 import urllib.request
 from collections import defaultdict
 
-import qwen_video  # beside this script
+import qwen_image  # beside this script
+import qwen_video
 from aiohttp import web
 
 VLLM_DEFAULT_BATCHED_TOKENS = 8192  # vLLM's API-server default on H100/H200
@@ -267,10 +272,12 @@ class StandIn:
             word, _, tokens = spec.partition("=")
             self.verbose_on.append((word.lower(), int(tokens)))
         self.fps = float((args.media_io_kwargs.get("video") or {}).get("fps", 2))
-        self.min_pixels = int(args.mm_processor_kwargs.get("min_pixels", 128 * 28 * 28))
-        self.max_pixels = int(args.mm_processor_kwargs.get("max_pixels", 768 * 28 * 28))
+        self.min_pixels, self.max_pixels = qwen_image.bounds(args.mm_processor_kwargs, "video")
+        self.image_min_pixels, self.image_max_pixels = qwen_image.bounds(args.mm_processor_kwargs, "image")
         if args.video_tokens == "qwen":
             self.encoder_cache = qwen_video.encoder_cache_size(args.max_num_batched_tokens, self.max_pixels)
+            if qwen_image.limit(args.limit_mm_per_prompt, "image") > 0:
+                self.encoder_cache = max(self.encoder_cache, qwen_image.profiled_image_embeds(self.image_max_pixels))
         else:
             self.encoder_cache = args.encoder_cache_tokens or args.max_num_batched_tokens or 0
         self.no_whitespace = bool(args.structured_outputs_config.get("disable_any_whitespace"))
@@ -429,7 +436,7 @@ class StandIn:
             return self._error(rid, 503, "The engine is currently busy and cannot accept new requests.",
                                "ServiceUnavailableError")
 
-        prompt_parts, video_path = [], None
+        prompt_parts, media = [], []  # media: (kind, url) in the message's order
         for msg in body.get("messages", []):
             content = msg.get("content")
             if isinstance(content, str):
@@ -438,19 +445,24 @@ class StandIn:
             for part in content or []:
                 if part.get("type") == "text":
                     prompt_parts.append(part.get("text", ""))
-                elif part.get("type") == "video_url":
-                    video_path = part["video_url"]["url"]
+                elif part.get("type") in ("video_url", "image_url"):
+                    kind = part["type"].split("_")[0]
+                    media.append((kind, part[part["type"]]["url"]))
         prompt = "\n".join(prompt_parts)
         prompt_lower = prompt.lower()
-        if video_path is not None and args.random_503 and self.rng.random() < args.random_503:
+        if media and args.random_503 and self.rng.random() < args.random_503:
             return self._error(rid, 503, "Service Unavailable (injected)", "ServiceUnavailableError")
+        over = qwen_image.too_many(args.limit_mm_per_prompt,
+                                   {k: sum(1 for kind, _ in media if kind == k) for k in ("image", "video")})
+        if over:
+            return self._error(rid, 400, over, "BadRequestError")
 
-        video_tokens = 0
-        if video_path is not None:
-            if not video_path.startswith("file://"):
+        media_tokens = 0
+        for kind, url in media:
+            if not url.startswith("file://"):
                 return self._error(rid, 400, "Only file:// URLs are served by the stand-in", "BadRequestError")
             # Like vLLM's MediaConnector: decode the URL, resolve symlinks, then check the parents.
-            parsed = urllib.parse.urlparse(video_path)
+            parsed = urllib.parse.urlparse(url)
             path = urllib.request.url2pathname(parsed.netloc + parsed.path)
             real = os.path.realpath(path)
             if os.path.commonpath([real, self.allowed]) != self.allowed:
@@ -465,7 +477,13 @@ class StandIn:
             except FileNotFoundError:
                 return self._error(rid, 500, f"[Errno 2] No such file or directory: '{path}'",
                                    "InternalServerError")
-            if args.video_tokens == "qwen":
+            if args.video_tokens == "qwen" and kind == "image":
+                try:
+                    embeds = qwen_image.image_embeds(real, self.image_min_pixels, self.image_max_pixels)
+                except qwen_image.CannotLoad as exc:
+                    return self._error(rid, 400, str(exc), "BadRequestError")
+                item_tokens = embeds + qwen_image.MARKERS
+            elif args.video_tokens == "qwen":
                 try:
                     info = qwen_video.probe(real)
                 except qwen_video.CannotOpen:
@@ -476,15 +494,16 @@ class StandIn:
                                        "implementation of `_call_hf_processor` and `_get_mm_fields_config` are "
                                        "consistent with each other.", "InternalServerError")
                 embeds = qwen_video.video_tokens(info, self.fps, self.min_pixels, self.max_pixels)
-                video_tokens = embeds + 2  # <|vision_start|> ... <|vision_end|>
+                item_tokens = embeds + 2  # <|vision_start|> ... <|vision_end|>
             else:
-                embeds = video_tokens = 2 + int(size / args.bytes_per_video_token)
+                embeds = item_tokens = 2 + int(size / args.bytes_per_video_token)
+            media_tokens += item_tokens
             if self.encoder_cache and embeds > self.encoder_cache:
-                return self._error(rid, 400, f"The decoder prompt contains a(n) video item with {embeds} embedding "
+                return self._error(rid, 400, f"The decoder prompt contains a(n) {kind} item with {embeds} embedding "
                                    f"tokens, which exceeds the pre-allocated encoder cache size "
                                    f"{self.encoder_cache}. Please reduce the input size or increase the encoder "
                                    "cache size by setting --limit-mm-per-prompt at startup.", "BadRequestError")
-        prompt_tokens = video_tokens + 1 + int(len(prompt) / args.chars_per_text_token)
+        prompt_tokens = media_tokens + 1 + int(len(prompt) / args.chars_per_text_token)
         if prompt_tokens > args.max_model_len and args.video_tokens == "qwen":
             return self._error(rid, 400, f"Input length ({prompt_tokens}) exceeds model's maximum context length "
                                f"({args.max_model_len}).", "BadRequestError")
@@ -497,7 +516,7 @@ class StandIn:
             status_text, _, message = rest.partition(":")
             if word.lower() in prompt_lower:
                 return self._error(rid, int(status_text), message, "InternalServerError")
-        if video_path is not None and args.random_500 and self.rng.random() < args.random_500:
+        if media and args.random_500 and self.rng.random() < args.random_500:
             return self._error(rid, 500, "Internal server error (injected)", "InternalServerError")
 
         # The answer and its length.
@@ -530,7 +549,7 @@ class StandIn:
             if args.decode_tokens_per_s:
                 service += completion_tokens / args.decode_tokens_per_s
             if self._match(self.hang_on, prompt_lower, attempt) or (
-                    video_path is not None and args.hang_rate and self.rng.random() < args.hang_rate):
+                    media and args.hang_rate and self.rng.random() < args.hang_rate):
                 self.log.write("hanging", rid)
                 await asyncio.Event().wait()  # until the client disconnects (handler cancelled)
             if service > 0:
@@ -564,6 +583,17 @@ class StandIn:
         return 200, web.Response(body=data, content_type="application/json")
 
 
+def make_app(args) -> web.Application:
+    standin = StandIn(args)
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_get("/health", standin.health)
+    app.router.add_get("/v1/models", standin.models)
+    app.router.add_get("/version", standin.version)
+    app.router.add_get("/metrics", standin.metrics)
+    app.router.add_post("/v1/chat/completions", standin.chat)
+    return app
+
+
 async def main(argv=None) -> None:
     args = parse_args(argv)
     print(f"stand-in: starting (pid {os.getpid()}), model {args.served_model}, media loading threads "
@@ -573,13 +603,7 @@ async def main(argv=None) -> None:
           f"{args.max_num_batched_tokens}", flush=True)
     if args.slow_start:
         await asyncio.sleep(args.slow_start)  # loading weights
-    standin = StandIn(args)
-    app = web.Application(client_max_size=64 * 1024 * 1024)
-    app.router.add_get("/health", standin.health)
-    app.router.add_get("/v1/models", standin.models)
-    app.router.add_get("/version", standin.version)
-    app.router.add_get("/metrics", standin.metrics)
-    app.router.add_post("/v1/chat/completions", standin.chat)
+    app = make_app(args)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port, backlog=1024)
