@@ -296,7 +296,9 @@ def test_label_studio_round_trip(drawn, label_studio, browser_page, tmp_path):
     _labelling_page(page, api, project, task_of[first])
     body = page.inner_text("body")
     assert all(q["text"] in body for q in questions), body
-    assert all(choice in body for choice in ("yes", "no"))
+    # every question's choices, in order, with their hotkeys
+    assert re.findall(r"\b(yes|no)\[(\d+)\]", body) == [
+        (choice, str(i + 1)) for i, choice in enumerate(["yes", "no"] * len(questions))], body
     screenshot = tmp_path / "labelling-page.png"
     page.screenshot(path=str(screenshot))
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
