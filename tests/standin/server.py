@@ -35,13 +35,19 @@ the ``X-Request-Id`` header and the time.
 Faults (for the fault-matrix tests): ``--storm-503 START:COUNT``, ``--random-503 P``, ``--random-500 P``,
 ``--reset-on WORD[:TIMES]``, ``--reset-rate P``, ``--crash-after N``, ``--never-healthy``,
 ``--hang-on WORD[:TIMES]``, ``--hang-rate P``, ``--invalid-json-on WORD``, ``--verbose-on WORD=TOKENS``,
-``--slow-start S``.
+``--slow-start S``, ``--fail-all-with STATUS:MESSAGE`` (every chat request, the text-only smoke request
+included: a server broken past its start), ``--refuse-running-ids`` (vLLM V1 before request ids were
+randomised: a second request with the X-Request-Id of one still running gets 400 "Request id chatcmpl-<id>
+already running."). A ``--media-io-kwargs`` video ``backend`` whose module this Python cannot import
+(``pynvvideocodec``, ``torchcodec``) answers every video request 500 "No module named '<module>'", as vLLM
+0.26 does (measured).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import math
 import os
@@ -68,11 +74,16 @@ def _word_times(spec: str) -> tuple[str, int]:
 
 
 def request_of(send_id: str | None) -> str | None:
-    """The request id of a send: vidlabel sends ``<request id>-<send number>`` (24 hex digits first)."""
+    """The request id of a send: vidlabel sends ``<request id>-<job token>-<send number>`` (the request id
+    is 24 hex digits; older versions sent ``<request id>-<send number>``)."""
     if send_id is None:
         return None
-    base, sep, number = send_id.rpartition("-")
-    return base if sep and number.isdigit() and len(base) == 24 else send_id
+    head = send_id.split("-", 1)[0]
+    return head if len(head) == 24 and send_id.rpartition("-")[2].isdigit() else send_id
+
+
+# vLLM 0.26's video backends (multimodal/video.py) and the module each imports.
+VIDEO_BACKEND_MODULES = {"pynvvideocodec": "PyNvVideoCodec", "torchcodec": "torchcodec"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -126,6 +137,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="every attempt of prompts containing WORD answers STATUS with MESSAGE")
     p.add_argument("--verbose-on", action="append", default=[], metavar="WORD=TOKENS",
                    help="the answer to prompts containing WORD needs TOKENS output tokens")
+    p.add_argument("--fail-all-with", default=None, metavar="STATUS:MESSAGE",
+                   help="every chat request, the smoke request included, answers STATUS with MESSAGE")
+    p.add_argument("--refuse-running-ids", action="store_true",
+                   help="400 'Request id ... already running.' for an X-Request-Id still running (vLLM V1 "
+                        "before request ids were randomised)")
     p.add_argument("--slow-start", type=float, default=0.0, metavar="S")
     p.add_argument("--slow-health", type=float, default=0.0, metavar="S",
                    help="/health answers after S seconds (an API server busy preprocessing)")
@@ -277,6 +293,11 @@ class StandIn:
         self.chat_arrivals = 0
         self.chat_completed = 0
         self.seen = defaultdict(int)  # attempts per request id, for faults that hit the first TIMES only
+        self.running_ids: set[str] = set()
+        backend = (args.media_io_kwargs.get("video") or {}).get("backend")
+        module = VIDEO_BACKEND_MODULES.get(backend)
+        # Imported by the server only when a video is loaded: every video request fails, the smoke request not.
+        self.missing_video_module = module if module and importlib.util.find_spec(module) is None else None
 
     # ---- helpers -------------------------------------------------------------------------------
     def authorised(self, request: web.Request) -> bool:
@@ -393,11 +414,19 @@ class StandIn:
         self.seen[rid] += 1
         attempt = self.seen[rid]
         self.log.write("received", rid, attempt=attempt, send_id=send_id)
+        if self.args.refuse_running_ids and send_id is not None and send_id in self.running_ids:
+            status, resp = self._error(rid, 400, f"Request id chatcmpl-{send_id} already running.", "BadRequestError")
+            self.engine.requests_total[status] += 1
+            return resp
+        if send_id is not None:
+            self.running_ids.add(send_id)
         try:
             status, resp = await self._chat(request, rid, attempt)
         except asyncio.CancelledError:
             self.log.write("cancelled", rid)
             raise
+        finally:
+            self.running_ids.discard(send_id)
         self.engine.requests_total[status] += 1
         if status == 200:
             self.chat_completed += 1
@@ -415,6 +444,9 @@ class StandIn:
             return self._error(rid, 400, "request body is not JSON", "BadRequestError")
         if body.get("model") != args.served_model:
             return self._error(rid, 404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+        if args.fail_all_with:
+            status_text, _, message = args.fail_all_with.partition(":")
+            return self._error(rid, int(status_text), message, "InternalServerError")
 
         if body.get("logprobs") and int(body.get("top_logprobs") or 0) > args.max_logprobs:
             return self._error(rid, 400, f"Requested sample logprobs of {body['top_logprobs']}, which is greater "
@@ -465,6 +497,8 @@ class StandIn:
             except FileNotFoundError:
                 return self._error(rid, 500, f"[Errno 2] No such file or directory: '{path}'",
                                    "InternalServerError")
+            if self.missing_video_module:
+                return self._error(rid, 500, f"No module named '{self.missing_video_module}'", "InternalServerError")
             if args.video_tokens == "qwen":
                 try:
                     info = qwen_video.probe(real)
