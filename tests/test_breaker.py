@@ -236,14 +236,15 @@ def test_a_too_long_post_under_the_planned_limit_is_its_own():
 
 def test_held_records_are_journaled_once_an_answer_shows_the_server_works():
     b, _ = _breaker()
-    err = {"request_id": "r1", "post_id": "p1", "status": "error", "http_status": 400, "error_kind": "server_error"}
-    ok = {"request_id": "r2", "post_id": "p2", "status": "ok", "http_status": 200, "error_kind": None}
-    assert b.settle(err) == []
-    assert b.settle(ok) == [err, ok]
-    assert b.settle(dict(err, request_id="r3")) == []
+    err = {"request_id": "r1", "status": "error", "http_status": 400, "error_kind": "server_error"}
+    ok = {"request_id": "r2", "status": "ok", "http_status": 200, "error_kind": None}
+    assert b.settle(err, answered=False) == []
+    assert b.settle(ok, answered=True) == [err, ok]
+    assert b.settle(dict(err, request_id="r3"), answered=False) == []
     assert b.release() == [dict(err, request_id="r3")]  # the job ended without a trip: the request's own
+    b.settle(dict(err, request_id="r4"), answered=False)
     b.trip(br.Trip("server", "broken"))
-    assert b.settle(ok) == [] and b.release() == []
+    assert b.settle(ok, answered=True) == [] and b.release() == []  # nothing journaled after a trip
 
 
 @pytest.mark.parametrize("message, cause", [

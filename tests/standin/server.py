@@ -126,6 +126,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--crash-after", type=int, default=0, metavar="N",
                    help="exit when chat request N+1 arrives")
     p.add_argument("--never-healthy", action="store_true")
+    p.add_argument("--health-error", action="store_true",
+                   help="/health answers 500 Internal Server Error (an exception in its check, not a dead engine)")
     p.add_argument("--unhealthy-after", type=int, default=0, metavar="N",
                    help="/health answers 503 once N chat requests completed (engine dead, HTTP alive)")
     p.add_argument("--hang-on", action="append", default=[], metavar="WORD[:TIMES]",
@@ -369,6 +371,8 @@ class StandIn:
     async def health(self, request: web.Request) -> web.Response:
         if self.args.slow_health:
             await asyncio.sleep(self.args.slow_health)
+        if self.args.health_error:
+            return web.Response(status=500, text="Internal Server Error")
         dead = self.args.never_healthy or (
             self.args.unhealthy_after and self.chat_completed >= self.args.unhealthy_after)
         return web.Response(status=503 if dead else 200)

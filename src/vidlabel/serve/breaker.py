@@ -158,7 +158,7 @@ class Breaker:
         self.answers = 0
         self.tripped: Trip | None = None
         self.failing: set[str] = set()  # requests with a failed attempt (the first-contact gate)
-        self.held: list[dict] = []
+        self.held: list = []  # records, in the order they finished
         self._runs: dict[str, set[str]] = {}  # error signature -> distinct requests since the last answer
         self._changed = asyncio.Event()
         self._stopping = False
@@ -223,17 +223,18 @@ class Breaker:
         self._changed.set()
 
     # ---- records (from the job) ---------------------------------------------------------------------
-    def settle(self, rec: dict) -> list[dict]:
-        """The records to journal now, ``rec`` included or held back (see the module docstring)."""
+    def settle(self, rec, answered: bool) -> list:
+        """The records to journal now: ``rec`` (``answered``: it holds the server's answer) and those held
+        before it, or nothing while ``rec`` is held back too (see the module docstring)."""
         if self.tripped:
             return []
-        if rec.get("http_status") == 200:
+        if answered:
             out, self.held = [*self.held, rec], []
             return out
         self.held.append(rec)
         return []
 
-    def release(self) -> list[dict]:
+    def release(self) -> list:
         """At the end of the job: the held records, unless it tripped."""
         out, self.held = ([] if self.tripped else self.held), []
         return out

@@ -503,7 +503,7 @@ async def _stream(client: ClassifyClient, pending: list[dict], journal: Journal,
             rec["error"] = f"{rec['error']}; {rec['attempts']} attempts over several runs, giving up"
         rec.update(model=provenance.model, settings_fingerprint=provenance.settings_fingerprint,
                    prompt_hash=provenance.prompt_hash, request_fingerprint=row["fingerprint"], gpus=provenance.gpus)
-        journal_records(breaker.settle(rec))
+        journal_records(breaker.settle(rec, answered=rec["http_status"] == 200))
 
     async def send(row: dict) -> dict | None:
         in_flight.add(row["request_id"])  # before the first await: see Breaker.turn
@@ -525,7 +525,7 @@ async def _stream(client: ClassifyClient, pending: list[dict], journal: Journal,
         """Once per job: whether the server answers at all, from a request it answered before."""
         nonlocal control_task
         if control_task is None:
-            log.info("shard %d: nothing answered yet; sending the answered request %s again as a control", 
+            log.info("shard %d: nothing answered yet; sending the answered request %s again as a control",
                      progress.shard, control["post_id"])
             control_task = asyncio.ensure_future(send(control))
         await asyncio.shield(control_task)
