@@ -39,13 +39,19 @@ the ``X-Request-Id`` header and the time.
 Faults (for the fault-matrix tests): ``--storm-503 START:COUNT``, ``--random-503 P``, ``--random-500 P``,
 ``--reset-on WORD[:TIMES]``, ``--reset-rate P``, ``--crash-after N``, ``--never-healthy``,
 ``--hang-on WORD[:TIMES]``, ``--hang-rate P``, ``--invalid-json-on WORD``, ``--verbose-on WORD=TOKENS``,
-``--slow-start S``.
+``--slow-start S``, ``--fail-all-with STATUS:MESSAGE`` (every chat request, the text-only smoke request
+included: a server broken past its start), ``--refuse-running-ids`` (vLLM V1 before request ids were
+randomised: a second request with the X-Request-Id of one still running gets 400 "Request id chatcmpl-<id>
+already running."). A ``--media-io-kwargs`` video ``backend`` whose module this Python cannot import
+(``pynvvideocodec``, ``torchcodec``) answers every video request 500 "No module named '<module>'", as vLLM
+0.26 does (measured).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import math
 import os
@@ -73,11 +79,16 @@ def _word_times(spec: str) -> tuple[str, int]:
 
 
 def request_of(send_id: str | None) -> str | None:
-    """The request id of a send: vidlabel sends ``<request id>-<send number>`` (24 hex digits first)."""
+    """The request id of a send: vidlabel sends ``<request id>-<job token>-<send number>`` (the request id
+    is 24 hex digits; older versions sent ``<request id>-<send number>``)."""
     if send_id is None:
         return None
-    base, sep, number = send_id.rpartition("-")
-    return base if sep and number.isdigit() and len(base) == 24 else send_id
+    head = send_id.split("-", 1)[0]
+    return head if len(head) == 24 and send_id.rpartition("-")[2].isdigit() else send_id
+
+
+# vLLM 0.26's video backends (multimodal/video.py) and the module each imports.
+VIDEO_BACKEND_MODULES = {"pynvvideocodec": "PyNvVideoCodec", "torchcodec": "torchcodec"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -120,6 +131,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--crash-after", type=int, default=0, metavar="N",
                    help="exit when chat request N+1 arrives")
     p.add_argument("--never-healthy", action="store_true")
+    p.add_argument("--health-error", action="store_true",
+                   help="/health answers 500 Internal Server Error (an exception in its check, not a dead engine)")
     p.add_argument("--unhealthy-after", type=int, default=0, metavar="N",
                    help="/health answers 503 once N chat requests completed (engine dead, HTTP alive)")
     p.add_argument("--hang-on", action="append", default=[], metavar="WORD[:TIMES]",
@@ -131,6 +144,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="every attempt of prompts containing WORD answers STATUS with MESSAGE")
     p.add_argument("--verbose-on", action="append", default=[], metavar="WORD=TOKENS",
                    help="the answer to prompts containing WORD needs TOKENS output tokens")
+    p.add_argument("--fail-all-with", default=None, metavar="STATUS:MESSAGE",
+                   help="every chat request, the smoke request included, answers STATUS with MESSAGE")
+    p.add_argument("--refuse-running-ids", action="store_true",
+                   help="400 'Request id ... already running.' for an X-Request-Id still running (vLLM V1 "
+                        "before request ids were randomised)")
     p.add_argument("--slow-start", type=float, default=0.0, metavar="S")
     p.add_argument("--slow-health", type=float, default=0.0, metavar="S",
                    help="/health answers after S seconds (an API server busy preprocessing)")
@@ -284,6 +302,11 @@ class StandIn:
         self.chat_arrivals = 0
         self.chat_completed = 0
         self.seen = defaultdict(int)  # attempts per request id, for faults that hit the first TIMES only
+        self.running_ids: set[str] = set()
+        backend = (args.media_io_kwargs.get("video") or {}).get("backend")
+        module = VIDEO_BACKEND_MODULES.get(backend)
+        # Imported by the server only when a video is loaded: every video request fails, the smoke request not.
+        self.missing_video_module = module if module and importlib.util.find_spec(module) is None else None
 
     # ---- helpers -------------------------------------------------------------------------------
     def authorised(self, request: web.Request) -> bool:
@@ -355,6 +378,8 @@ class StandIn:
     async def health(self, request: web.Request) -> web.Response:
         if self.args.slow_health:
             await asyncio.sleep(self.args.slow_health)
+        if self.args.health_error:
+            return web.Response(status=500, text="Internal Server Error")
         dead = self.args.never_healthy or (
             self.args.unhealthy_after and self.chat_completed >= self.args.unhealthy_after)
         return web.Response(status=503 if dead else 200)
@@ -400,11 +425,19 @@ class StandIn:
         self.seen[rid] += 1
         attempt = self.seen[rid]
         self.log.write("received", rid, attempt=attempt, send_id=send_id)
+        if self.args.refuse_running_ids and send_id is not None and send_id in self.running_ids:
+            status, resp = self._error(rid, 400, f"Request id chatcmpl-{send_id} already running.", "BadRequestError")
+            self.engine.requests_total[status] += 1
+            return resp
+        if send_id is not None:
+            self.running_ids.add(send_id)
         try:
             status, resp = await self._chat(request, rid, attempt)
         except asyncio.CancelledError:
             self.log.write("cancelled", rid)
             raise
+        finally:
+            self.running_ids.discard(send_id)
         self.engine.requests_total[status] += 1
         if status == 200:
             self.chat_completed += 1
@@ -422,6 +455,9 @@ class StandIn:
             return self._error(rid, 400, "request body is not JSON", "BadRequestError")
         if body.get("model") != args.served_model:
             return self._error(rid, 404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+        if args.fail_all_with:
+            status_text, _, message = args.fail_all_with.partition(":")
+            return self._error(rid, int(status_text), message, "InternalServerError")
 
         if body.get("logprobs") and int(body.get("top_logprobs") or 0) > args.max_logprobs:
             return self._error(rid, 400, f"Requested sample logprobs of {body['top_logprobs']}, which is greater "
@@ -477,6 +513,9 @@ class StandIn:
             except FileNotFoundError:
                 return self._error(rid, 500, f"[Errno 2] No such file or directory: '{path}'",
                                    "InternalServerError")
+            if self.missing_video_module and kind == "video":
+                # vLLM imports the --media-io-kwargs video backend only when it decodes a video.
+                return self._error(rid, 500, f"No module named '{self.missing_video_module}'", "InternalServerError")
             if args.video_tokens == "qwen" and kind == "image":
                 try:
                     embeds = qwen_image.image_embeds(real, self.image_min_pixels, self.image_max_pixels)
