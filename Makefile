@@ -3,8 +3,9 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# Debian packages the pipeline and the tests use (installed when missing and we are root).
-DEBIAN_PACKAGES := ffmpeg espeak-ng
+# Debian packages the pipeline and the tests use (installed when missing and we are root); chromium
+# opens Label Studio's labelling page in tests/test_labelstudio_live.py.
+DEBIAN_PACKAGES := ffmpeg espeak-ng chromium
 SLURM_PACKAGES := munge slurmctld slurmd slurm-client slurmdbd mariadb-server
 
 .PHONY: setup system-packages demo test test-fast clean

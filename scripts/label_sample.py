@@ -6,4 +6,5 @@ from vidlabel.core.settings import for_job
 configure(snakemake.log[0])
 config = for_job(snakemake.config, "label_sample")
 burn_in = snakemake.input.burn_in[0] if snakemake.input.burn_in else None
-run(config, snakemake.input.labels, list(snakemake.input.manifest), burn_in, dict(snakemake.output.items()))
+run(config, snakemake.input.labels, list(snakemake.input.manifest), burn_in, dict(snakemake.output.items()),
+    inventory_path=snakemake.input.inventory)

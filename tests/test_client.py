@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import socket
 import sys
 import time
@@ -55,6 +56,19 @@ from vidlabel.serve.settings import ServeSettings
     (504, "Gateway timeout", ("timeout", True)),
     (None, "Connection error.", ("connection", True)),
     (400, "Unknown parameter foo", ("server_error", False)),
+    # vLLM V1 before 0.26 (its input processor), and vLLM 0.26's own wordings of a prompt over the context.
+    (400, "The prompt (total length 43698) is too long to fit into the model (context length 32768). Make sure "
+          "that `max_model_len` is no smaller than the number of text tokens plus multimodal tokens. For image "
+          "inputs, the number of image tokens depends on the number of images, and possibly their aspect ratios "
+          "as well.", ("too_long", False)),
+    (400, "The decoder prompt (length 32768) plus the number of requested output tokens (at least 1) is longer "
+          "than the maximum model length of 32768. Make sure that `max_model_len` is no smaller than the number "
+          "of text tokens (prompt + requested output tokens).", ("too_long", False)),
+    (400, "This model's maximum context length is 32768 tokens. However, you requested 64 output tokens and your "
+          "prompt contains 40000 input tokens, for a total of 40064 tokens. Please reduce the length of the input "
+          "prompt or the number of requested output tokens.", ("too_long", False)),
+    # vLLM V1 before 0.26 refused an X-Request-Id still running: a collision, gone on a retry with a new id.
+    (400, "Request id chatcmpl-0123456789abcdef01234567-ab12cd34-1 already running.", ("server_error", True)),
 ])
 def test_error_kind_from_status_and_message(status, message, expected):
     assert classify_error(status, message) == expected
@@ -483,6 +497,68 @@ def test_a_queue_building_behind_the_first_answers_is_not_read_as_hangs(tmp_path
     assert [e for e in events if e["event"] == "cancelled"] == []
     assert sum(r["attempts"] for r in recs) == 64
     assert max(r["latency_s"] for r in recs) > 10 * min(r["latency_s"] for r in recs)  # a queue did form
+
+
+def test_a_file_missing_for_a_moment_is_sent_again_once_it_is_back(tmp_path, media, monkeypatch):
+    """An NFS or autofs hiccup: the server answers "No such file" for a file that exists a moment later.
+    The client looks again after a pause (and again) before recording bad_media."""
+    import vidlabel.serve.client as client_mod
+
+    monkeypatch.setattr(client_mod, "MEDIA_RECHECK_S", (0.5, 1.0))
+    cfg = make_config(tmp_path, media)
+    rows = _rows(cfg, media, 2)
+    flaky = media / "flaky.mp4"
+    rows[0]["media_path"] = str(flaky)
+    rows[1]["media_path"] = str(media / "never-there.mp4")
+
+    async def back_after(delay: float) -> None:
+        await asyncio.sleep(delay)
+        os.link(media / "clip.mp4", flaky)
+
+    log = tmp_path / "requests.jsonl"
+    cfg["classify"]["server_command"] = standin_command(sys.executable, log, *YES_IF)
+
+    async def scenario():
+        with VLLMServer(ServeSettings.from_config(cfg), tmp_path / "server.log") as server:
+            await server.wait_ready()
+            async with ClassifyClient([(server.base_url, server.api_key)], ServeSettings.from_config(cfg).client) as client:
+                comeback = asyncio.create_task(back_after(0.3))
+                recs = await asyncio.gather(*(client.classify(r) for r in rows))
+                await comeback
+                return recs
+
+    try:
+        back, gone = asyncio.run(scenario())
+    finally:
+        flaky.unlink(missing_ok=True)
+    assert (back["status"], back["sends"], back["attempts"]) == ("ok", 2, 1)  # the hiccup cost nothing
+    assert (gone["status"], gone["error_kind"], gone["sends"]) == ("error", "bad_media", 1)
+    assert "No such file or directory" in gone["error"]
+    events = [e for e in read_request_log(log) if e["event"] == "completed" and not e["request_id"].startswith("smoke")]
+    assert sorted(e["status"] for e in events if e["request_id"] == rows[0]["request_id"]) == [200, 500]
+
+
+def test_two_jobs_sending_the_same_requests_to_one_server_do_not_collide(tmp_path, media):
+    """Two classify.models entries of the same model on one endpoint send the same request ids at once.
+    A vLLM V1 that refuses an id still running must not see the same X-Request-Id twice."""
+    cfg = make_config(tmp_path, media, classify={"concurrency": 8, "max_attempts": 1})
+    rows = _rows(cfg, media, 8)
+    log = tmp_path / "requests.jsonl"
+    cfg["classify"]["server_command"] = standin_command(sys.executable, log, *YES_IF, "--refuse-running-ids",
+                                                        "--latency", "0.3")
+
+    async def scenario():
+        with VLLMServer(ServeSettings.from_config(cfg), tmp_path / "server.log") as server:
+            await server.wait_ready()
+            eps = [(server.base_url, server.api_key)]
+            async with ClassifyClient(eps, ServeSettings.from_config(cfg).client) as one, \
+                    ClassifyClient(eps, ServeSettings.from_config(cfg).client) as two:
+                return await asyncio.gather(*(c.classify(r) for r in rows for c in (one, two)))
+
+    recs = asyncio.run(scenario())
+    assert [r["status"] for r in recs] == ["ok"] * 16
+    events = [e for e in read_request_log(log) if e["event"] == "received" and not e["request_id"].startswith("smoke")]
+    assert len(events) == 16 and len({e["send_id"] for e in events}) == 16
 
 
 def test_wrong_key_is_fatal_with_a_clear_message(tmp_path, media):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from vidlabel.core import config as cfgmod
@@ -191,3 +192,45 @@ def test_pilot_with_the_standin_server(tmp_path):
     journal = (out / "estimate" / "pilot.jsonl").read_text().splitlines()
     es.run(cfg, shards, out / "estimate.json", out / "estimate.md", out / "estimate", tmp_path / "server-pilot.log")
     assert (out / "estimate" / "pilot.jsonl").read_text().splitlines() == journal
+
+
+def test_a_larger_pilot_size_draws_a_new_pilot_and_reuses_what_is_still_in_it(tmp_path):
+    """Raising planning.pilot_size used to reuse the old pilot shard: "8 requests sampled ... 4 succeeded".
+    The pilot depends on what it was drawn under; the report counts what it measured."""
+    import json
+
+    from standin import is_probe, read_request_log
+    from standin.shards import make_config, make_video, manifest_rows, write_manifest
+
+    media = tmp_path / "media"
+    posts = [{"post_id": f"p{i}", "media_path": str(make_video(media / f"p{i % 3}.mp4", seconds=1 + i % 3)),
+              "caption": "buy" if i % 2 else "hi", "transcript": "words " * (i * 5)} for i in range(16)]
+    log = tmp_path / "requests.jsonl"
+    cfg = make_config(tmp_path, media, log, ["--latency", "0.02"], classify={"concurrency": 2})
+    rows = manifest_rows(cfg, posts)
+    shards = [write_manifest(tmp_path / "m" / f"shard-{i}.parquet", rows[i::2]) for i in range(2)]
+    out = tmp_path / "results"
+
+    def estimate(pilot_size: int) -> dict:
+        cfg["planning"]["pilot_size"] = pilot_size
+        es.run(cfg, shards, out / "estimate.json", out / "estimate.md", out / "estimate", tmp_path / "pilot.log")
+        return json.loads((out / "estimate.json").read_text())
+
+    def sent() -> list[str]:
+        return [e["request_id"] for e in read_request_log(log)
+                if e["event"] == "received" and not is_probe(e["request_id"])]
+
+    small = estimate(4)
+    first = set(sent())
+    assert small["pilot"]["requests"] == 4 and len(first) == 4
+    large = estimate(8)
+    assert large["pilot"]["requests"] == 8
+    assert "8 requests sampled" in (out / "estimate.md").read_text()
+    assert "8 succeeded" in (out / "estimate.md").read_text()
+    pilot = set(pq.read_table(out / "estimate" / "pilot-labels.parquet").column("request_id").to_pylist())
+    assert len(pilot) == 8
+    again = sent()[len(first):]
+    assert set(again) == pilot - first  # answers of requests still in the pilot are reused
+    assert len(again) == len(set(again))
+    estimate(8)  # unchanged: nothing is drawn or sent again
+    assert len(sent()) == len(first) + len(again)

@@ -15,7 +15,8 @@ from standin import read_request_log
 from test_fault_matrix import _endpoint, _use_endpoints, make_shard, media  # noqa: F401 (fixtures)
 
 from vidlabel.core.journal import iter_records, read_latest
-from vidlabel.serve.classify import MEDIA_FAILURE_RUN, MediaUnreachable
+from vidlabel.serve.breaker import FAILURE_RUN as MEDIA_FAILURE_RUN
+from vidlabel.serve.classify import MediaUnreachable, ServerFailing
 from vidlabel.serve.deadline import Deadlines, Expired
 from vidlabel.serve.endpoints import DOWN, UP, Endpoints
 from vidlabel.serve.error_kinds import FatalClientError, classify_error
@@ -41,7 +42,7 @@ def sends(shard) -> list[dict]:
      ("too_long", False)),
     (400, "Input length (129623) exceeds model's maximum context length (32768).", None, ("too_long", False)),
     (400, "Could not open video stream", "/data/x.mp4", ("bad_media", False)),
-    (400, "Request id abc-1 already running.", None, ("server_error", False)),
+    (400, "Request id abc-1 already running.", None, ("server_error", True)),  # vLLM V1 before 0.26: a collision
 ])
 def test_error_kinds(status, message, media, expected):
     assert classify_error(status, message, media) == expected
@@ -238,12 +239,37 @@ def test_a_request_failing_the_same_way_every_time_ends_terminal_without_blockin
     assert all(labels[p]["status"] == "ok" for p in labels if p != "post003")
 
 
-def test_the_same_500_from_a_server_that_answers_nothing_stays_retryable(make_shard):
+def test_the_same_500_from_a_server_that_answers_nothing_stops_the_job_and_journals_nothing(make_shard):
     shard = make_shard(3)
     # Every video request fails alike: the server, not the request, is broken.
-    with pytest.raises(Exception, match="still need a retry"):
+    with pytest.raises(ServerFailing, match=r"2 requests failed the same way before any answer \(HTTP 500: "
+                                            r"EngineCore died\)\. Probable cause: the server's engine died"):
         shard.run(shard.config("--error-on", "post=500:EngineCore died", max_attempts=2))
-    assert all(r.get("retryable") for r in iter_records(shard.journal))
+    assert not list(iter_records(shard.journal))
+    assert len({e["request_id"] for e in sends(shard)}) == 2  # the first request and one to confirm
+
+
+def test_a_lone_unfinished_request_is_decided_by_a_control(make_shard):
+    """The rerun of a shard whose only unfinished request fails again: nothing else is left to show
+    whether the server answers at all, so one answered request is sent again as a control (never
+    journaled); the server answers it, so the attempts count, and with those of the first run the
+    request ends terminal instead of failing the shard for ever."""
+    shard = make_shard(4, {2: {"caption": "zeroword"}})
+    cfg = shard.config("--error-on", "zeroword=500:division by zero", max_attempts=2)
+    shard.run(cfg)
+    # As if the first run had been cut short: post002 retryable, with the first run's 2 attempts.
+    records = list(iter_records(shard.journal))
+    shard.journal.write_text("".join(json.dumps(dict(r, retryable=True, attempts=2) if r["post_id"] == "post002"
+                                                else r) + "\n" for r in records))
+    shard.labels.unlink()
+    before = len(sends(shard))
+    shard.run(cfg)
+    row = shard.check_complete_labels()["post002"]
+    assert (row["status"], row["error_kind"], row["attempts"]) == ("error", "server_error", 4)
+    assert "attempts over several runs, giving up" in row["error"]
+    again = sends(shard)[before:]
+    assert len(again) == 2 + 1 and len([e for e in again if e["request_id"].startswith("control-")]) == 1
+    assert not [r for r in iter_records(shard.journal) if r["request_id"].startswith("control-")]
 
 
 def test_answer_probabilities_and_a_server_that_allows_fewer_logprobs(make_shard):

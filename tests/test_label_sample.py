@@ -419,11 +419,12 @@ def test_json_export_gives_one_row_per_annotation_and_question(tmp_path, drawn_s
     assert table.column_names == list(labelstudio.EXPORT_COLUMNS)
     rows = sorted(tuple(r.values()) for r in table.to_pylist())
     pi = {r["post_id"]: float(r["pi"]) for r in sample}
-    assert rows == sorted([
-        (first, "promotes_product", "yes", pi[first], "1"), (first, "sales_interaction", "no", pi[first], "1"),
-        (first, "promotes_product", "no", pi[first], "coder2@example.org"),
-        (first, "sales_interaction", "no", pi[first], "coder2@example.org"),
-        (third, "promotes_product", "yes", pi[third], "2")])
+    assert rows == sorted([  # no annotation is set as ground truth: no adjudication
+        (first, "promotes_product", "yes", pi[first], "1", None),
+        (first, "sales_interaction", "no", pi[first], "1", None),
+        (first, "promotes_product", "no", pi[first], "coder2@example.org", None),
+        (first, "sales_interaction", "no", pi[first], "coder2@example.org", None),
+        (third, "promotes_product", "yes", pi[third], "2", None)])
 
 
 def test_flat_exports_csv_and_json_min_read_the_same(tmp_path, drawn_sample):
@@ -442,9 +443,9 @@ def test_flat_exports_csv_and_json_min_read_the_same(tmp_path, drawn_sample):
         writer = csv.DictWriter(fh, fieldnames=list(flat[0]))
         writer.writeheader()
         writer.writerows(flat)
-    expected = sorted([(a["post_id"], "promotes_product", "yes", float(a["pi"]), "c1@example.org"),
-                       (a["post_id"], "sales_interaction", "no", float(a["pi"]), "c1@example.org"),
-                       (b["post_id"], "promotes_product", "no", float(b["pi"]), "c2@example.org")])
+    expected = sorted([(a["post_id"], "promotes_product", "yes", float(a["pi"]), "c1@example.org", None),
+                       (a["post_id"], "sales_interaction", "no", float(a["pi"]), "c1@example.org", None),
+                       (b["post_id"], "promotes_product", "no", float(b["pi"]), "c2@example.org", None)])
     for path in (json_min, csv_path):
         assert sorted(tuple(r.values()) for r in read_export(path).to_pylist()) == expected
 
@@ -567,7 +568,9 @@ def test_snakemake_label_sample_writes_the_sample(tmp_path):
     media.mkdir()
     (media / "a.mp4").write_bytes(b"x")
     (tmp_path / "posts.csv").write_text(f"post_id,video_path,caption\na,{media / 'a.mp4'},\n")
-    _results(tmp_path, n_ok=80, n_error=4, n_excluded=2)
+    _, _, truth = _results(tmp_path, n_ok=80, n_error=4, n_excluded=2)
+    pq.write_table(pa.table({"post_id": list(truth), "fps": [30.0] * len(truth)}),  # frame rates for the tasks
+                   tmp_path / "results" / "inventory.parquet")
     write_overlay(tmp_path, tmp_path, {"classify": {"questions": QUESTIONS},
                                        "label_sample": {"budget": 20, "seed": 5}})
     proc = run_snakemake(tmp_path, "label_sample", "--allowed-rules", "label_sample", "--cores", "1", timeout=300)
@@ -580,3 +583,4 @@ def test_snakemake_label_sample_writes_the_sample(tmp_path):
     assert sorted(r["post_id"] for r in sample) == sorted(r["post_id"] for r in design if r["drawn"])
     assert {r["seed"] for r in sample} == {"5"}
     assert "drawn for coding" in (tmp_path / "logs" / "label_sample.log").read_text()
+    assert {t["data"]["fps"] for t in json.loads((out / "labelstudio_tasks.json").read_text())} == {30.0}

@@ -29,12 +29,13 @@ from vidlabel.serve.command import (
     server_environment,
 )
 from vidlabel.serve.parallelism import Layout
-from vidlabel.serve.server import ServerError, VLLMServer
+from vidlabel.serve.server import BROKEN_SMOKE_TRIES, ServerBroken, ServerError, VLLMServer
 from vidlabel.serve.settings import ServeSettings
 
 
 def settings(cfg: dict) -> ServeSettings:
     return ServeSettings.from_config(cfg)
+
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -190,6 +191,21 @@ def test_smoke_request_failure_fails_readiness(tmp_path):
     with pytest.raises(ServerError, match="smoke request .* answered 404"):
         with VLLMServer(settings(cfg), tmp_path / "server.log") as server:
             asyncio.run(server.wait_ready())
+
+
+@pytest.mark.parametrize("fault, says", [
+    (("--fail-all-with", "500:Internal server error"), "smoke request .* answered 500: Internal server error"),
+    (("--health-error",), "/health answered 500: Internal Server Error"),
+])
+def test_a_500_at_startup_means_broken_not_starting(tmp_path, fault, says):
+    """vLLM opens its port once its engine is up: a 500 from /health or the smoke request is a broken
+    server, reported with its log tail after a few tries, not after startup_timeout_s of polling."""
+    cfg = _config(tmp_path, server_command=standin_command(sys.executable, None, *fault), startup_timeout_s=30)
+    with pytest.raises(ServerBroken, match=says) as info:
+        with VLLMServer(settings(cfg), tmp_path / "server.log") as server:
+            asyncio.run(server.wait_ready())
+    assert f"{BROKEN_SMOKE_TRIES} times in a row" in str(info.value)
+    assert "stand-in: listening on" in str(info.value)  # the server log's tail
 
 
 STUBBORN = textwrap.dedent("""

@@ -151,3 +151,29 @@ def test_missing_tokenizer_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` raises ImportError
     with pytest.raises(tk.TokenizerUnavailable, match="transformers"):
         tk.estimate_text(cfg, ["hi"])
+
+
+# ---------------------------------------------------------------- images
+
+B = tk.ImageBounds()  # the Qwen2.5-VL preprocessor's 3,136 .. 12,845,056 pixels
+
+
+def test_image_bounds_default_to_the_preprocessor_config():
+    cfg = cfgmod.validate({"posts": "p.csv", "media_root": "/m"})
+    assert tk.ImageBounds.from_config(cfg) == B == tk.ImageBounds(3136, 12845056)
+
+
+def test_a_1080x1920_photo_is_2691_cells_plus_its_markers():
+    # 1080/28 = 38.57 -> 39 cells, 1920/28 = 68.57 -> 69; 1092*1932 = 2,109,744 px within bounds.
+    assert tk.image_cells([1080], [1920], B).tolist() == [39 * 69]
+    assert tk.image_tokens([1080], [1920], B).tolist() == [2691 + 2]
+
+
+def test_image_tokens_shrink_above_and_grow_below_the_bounds():
+    # 8000x6000 = 48 Mpx > bound: beta = sqrt(48e6/12,845,056) = 1.9331; 6000/beta = 3103.8 -> floor
+    # 110 cells; 8000/beta = 4138.4 -> 147 cells.
+    assert tk.image_cells([8000], [6000], B).tolist() == [147 * 110]
+    # 20x20 = 400 px < 3,136: beta = 2.8, 56x56 -> 2x2 cells.
+    assert tk.image_cells([20], [20], B).tolist() == [4]
+    # A lowered bound per post (the slideshow plan): 1080x1920 at 736,960 px -> 616x1120 = 22x40 cells.
+    assert tk.image_cells([1080], [1920], B, max_pixels=736960).tolist() == [22 * 40]

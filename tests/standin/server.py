@@ -7,8 +7,12 @@ It behaves like vLLM 0.26 where the client can tell the difference:
   ``{"error":"Unauthorized"}``; ``/health`` and ``/metrics`` are open;
 - ``file://`` media outside ``--allowed-local-media-path`` → 400 "... must be a subpath of ...";
   a missing file → 500 "[Errno 2] No such file or directory";
+- images (``image_url``) and videos (``video_url``) in the message's order; more of a kind than
+  ``--limit-mm-per-prompt`` allows → 400 "At most N image(s) may be provided in one prompt."; with
+  ``--video-tokens qwen`` images count as vLLM counts them (``qwen_image.py``: the stored size,
+  smart_resize within the image bounds of ``--mm-processor-kwargs``, + 2 markers per image);
 - a prompt longer than ``--max-model-len`` → 400 "This model's maximum context length is ...";
-  more video tokens than ``--encoder-cache-tokens`` → 400 "... exceeds the pre-allocated encoder cache size ...";
+  an item (video or image) of more tokens than the encoder cache → 400 "... exceeds the pre-allocated encoder cache size ...";
 - ``max_tokens`` caps the output: a longer answer is cut and ``finish_reason`` is ``length``;
 - a capacity model: ``--slots`` running requests, a waiting queue, service time proportional to the
   prompt and output tokens, 503 "The engine is currently busy ..." above ``--max-queued`` waiting;
@@ -38,13 +42,19 @@ the ``X-Request-Id`` header and the time.
 Faults (for the fault-matrix tests): ``--storm-503 START:COUNT``, ``--random-503 P``, ``--random-500 P``,
 ``--reset-on WORD[:TIMES]``, ``--reset-rate P``, ``--crash-after N``, ``--never-healthy``,
 ``--hang-on WORD[:TIMES]``, ``--hang-rate P``, ``--invalid-json-on WORD``, ``--verbose-on WORD=TOKENS``,
-``--slow-start S``.
+``--slow-start S``, ``--fail-all-with STATUS:MESSAGE`` (every chat request, the text-only smoke request
+included: a server broken past its start), ``--refuse-running-ids`` (vLLM V1 before request ids were
+randomised: a second request with the X-Request-Id of one still running gets 400 "Request id chatcmpl-<id>
+already running."). A ``--media-io-kwargs`` video ``backend`` whose module this Python cannot import
+(``pynvvideocodec``, ``torchcodec``) answers every video request 500 "No module named '<module>'", as vLLM
+0.26 does (measured).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import math
 import os
@@ -56,7 +66,8 @@ import urllib.parse
 import urllib.request
 from collections import defaultdict
 
-import qwen_video  # beside this script
+import qwen_image  # beside this script
+import qwen_video
 from aiohttp import web
 
 VLLM_DEFAULT_BATCHED_TOKENS = 8192  # vLLM's API-server default on H100/H200
@@ -72,11 +83,16 @@ def _word_times(spec: str) -> tuple[str, int]:
 
 
 def request_of(send_id: str | None) -> str | None:
-    """The request id of a send: vidlabel sends ``<request id>-<send number>`` (24 hex digits first)."""
+    """The request id of a send: vidlabel sends ``<request id>-<job token>-<send number>`` (the request id
+    is 24 hex digits; older versions sent ``<request id>-<send number>``)."""
     if send_id is None:
         return None
-    base, sep, number = send_id.rpartition("-")
-    return base if sep and number.isdigit() and len(base) == 24 else send_id
+    head = send_id.split("-", 1)[0]
+    return head if len(head) == 24 and send_id.rpartition("-")[2].isdigit() else send_id
+
+
+# vLLM 0.26's video backends (multimodal/video.py) and the module each imports.
+VIDEO_BACKEND_MODULES = {"pynvvideocodec": "PyNvVideoCodec", "torchcodec": "torchcodec"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -124,6 +140,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--crash-after", type=int, default=0, metavar="N",
                    help="exit when chat request N+1 arrives")
     p.add_argument("--never-healthy", action="store_true")
+    p.add_argument("--health-error", action="store_true",
+                   help="/health answers 500 Internal Server Error (an exception in its check, not a dead engine)")
     p.add_argument("--unhealthy-after", type=int, default=0, metavar="N",
                    help="/health answers 503 once N chat requests completed (engine dead, HTTP alive)")
     p.add_argument("--hang-on", action="append", default=[], metavar="WORD[:TIMES]",
@@ -135,6 +153,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="every attempt of prompts containing WORD answers STATUS with MESSAGE")
     p.add_argument("--verbose-on", action="append", default=[], metavar="WORD=TOKENS",
                    help="the answer to prompts containing WORD needs TOKENS output tokens")
+    p.add_argument("--fail-all-with", default=None, metavar="STATUS:MESSAGE",
+                   help="every chat request, the smoke request included, answers STATUS with MESSAGE")
+    p.add_argument("--refuse-running-ids", action="store_true",
+                   help="400 'Request id ... already running.' for an X-Request-Id still running (vLLM V1 "
+                        "before request ids were randomised)")
     p.add_argument("--slow-start", type=float, default=0.0, metavar="S")
     p.add_argument("--slow-health", type=float, default=0.0, metavar="S",
                    help="/health answers after S seconds (an API server busy preprocessing)")
@@ -280,10 +303,12 @@ class StandIn:
             word, _, tokens = spec.partition("=")
             self.verbose_on.append((word.lower(), int(tokens)))
         self.fps = float((args.media_io_kwargs.get("video") or {}).get("fps", 2))
-        self.min_pixels = int(args.mm_processor_kwargs.get("min_pixels", 128 * 28 * 28))
-        self.max_pixels = int(args.mm_processor_kwargs.get("max_pixels", 768 * 28 * 28))
+        self.min_pixels, self.max_pixels = qwen_image.bounds(args.mm_processor_kwargs, "video")
+        self.image_min_pixels, self.image_max_pixels = qwen_image.bounds(args.mm_processor_kwargs, "image")
         if args.video_tokens == "qwen":
             self.encoder_cache = qwen_video.encoder_cache_size(args.max_num_batched_tokens, self.max_pixels)
+            if qwen_image.limit(args.limit_mm_per_prompt, "image") > 0:
+                self.encoder_cache = max(self.encoder_cache, qwen_image.profiled_image_embeds(self.image_max_pixels))
         else:
             self.encoder_cache = args.encoder_cache_tokens or args.max_num_batched_tokens or 0
         self.no_whitespace = bool(args.structured_outputs_config.get("disable_any_whitespace"))
@@ -291,6 +316,11 @@ class StandIn:
         self.chat_completed = 0
         self.seen = defaultdict(int)  # attempts per request id, for faults that hit the first TIMES only
         self.probed: dict[tuple, asyncio.Future] = {}  # (path, size, mtime_ns) -> its probe
+        self.running_ids: set[str] = set()
+        backend = (args.media_io_kwargs.get("video") or {}).get("backend")
+        module = VIDEO_BACKEND_MODULES.get(backend)
+        # Imported by the server only when a video is loaded: every video request fails, the smoke request not.
+        self.missing_video_module = module if module and importlib.util.find_spec(module) is None else None
 
     # ---- helpers -------------------------------------------------------------------------------
     async def probe(self, path: str) -> "qwen_video.VideoInfo":
@@ -370,6 +400,8 @@ class StandIn:
     async def health(self, request: web.Request) -> web.Response:
         if self.args.slow_health:
             await asyncio.sleep(self.args.slow_health)
+        if self.args.health_error:
+            return web.Response(status=500, text="Internal Server Error")
         dead = self.args.never_healthy or (
             self.args.unhealthy_after and self.chat_completed >= self.args.unhealthy_after)
         return web.Response(status=503 if dead else 200)
@@ -445,11 +477,19 @@ class StandIn:
         self.seen[rid] += 1
         attempt = self.seen[rid]
         self.log.write("received", rid, attempt=attempt, send_id=send_id)
+        if self.args.refuse_running_ids and send_id is not None and send_id in self.running_ids:
+            status, resp = self._error(rid, 400, f"Request id chatcmpl-{send_id} already running.", "BadRequestError")
+            self.engine.requests_total[status] += 1
+            return resp
+        if send_id is not None:
+            self.running_ids.add(send_id)
         try:
             status, resp = await self._chat(request, rid, attempt)
         except asyncio.CancelledError:
             self.log.write("cancelled", rid)
             raise
+        finally:
+            self.running_ids.discard(send_id)
         self.engine.requests_total[status] += 1
         if status == 200:
             self.chat_completed += 1
@@ -468,6 +508,9 @@ class StandIn:
             return self._error(rid, 400, "request body is not JSON", "BadRequestError")
         if body.get("model") != args.served_model:
             return self._error(rid, 404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+        if args.fail_all_with:
+            status_text, _, message = args.fail_all_with.partition(":")
+            return self._error(rid, int(status_text), message, "InternalServerError")
 
         if body.get("logprobs") and int(body.get("top_logprobs") or 0) > args.max_logprobs:
             return self._error(rid, 400, f"Requested sample logprobs of {body['top_logprobs']}, which is greater "
@@ -482,7 +525,7 @@ class StandIn:
             return self._error(rid, 503, "The engine is currently busy and cannot accept new requests.",
                                "ServiceUnavailableError")
 
-        prompt_parts, video_path = [], None
+        prompt_parts, media = [], []  # media: (kind, url) in the message's order
         for msg in body.get("messages", []):
             content = msg.get("content")
             if isinstance(content, str):
@@ -491,19 +534,24 @@ class StandIn:
             for part in content or []:
                 if part.get("type") == "text":
                     prompt_parts.append(part.get("text", ""))
-                elif part.get("type") == "video_url":
-                    video_path = part["video_url"]["url"]
+                elif part.get("type") in ("video_url", "image_url"):
+                    kind = part["type"].split("_")[0]
+                    media.append((kind, part[part["type"]]["url"]))
         prompt = "\n".join(prompt_parts)
         prompt_lower = prompt.lower()
-        if faults and video_path is not None and args.random_503 and self.rng.random() < args.random_503:
+        if faults and media and args.random_503 and self.rng.random() < args.random_503:
             return self._error(rid, 503, "Service Unavailable (injected)", "ServiceUnavailableError")
+        over = qwen_image.too_many(args.limit_mm_per_prompt,
+                                   {k: sum(1 for kind, _ in media if kind == k) for k in ("image", "video")})
+        if over:
+            return self._error(rid, 400, over, "BadRequestError")
 
-        video_tokens = 0
-        if video_path is not None:
-            if not video_path.startswith("file://"):
+        media_tokens = 0
+        for kind, url in media:
+            if not url.startswith("file://"):
                 return self._error(rid, 400, "Only file:// URLs are served by the stand-in", "BadRequestError")
             # Like vLLM's MediaConnector: decode the URL, resolve symlinks, then check the parents.
-            parsed = urllib.parse.urlparse(video_path)
+            parsed = urllib.parse.urlparse(url)
             path = urllib.request.url2pathname(parsed.netloc + parsed.path)
             real = os.path.realpath(path)
             if os.path.commonpath([real, self.allowed]) != self.allowed:
@@ -518,7 +566,16 @@ class StandIn:
             except FileNotFoundError:
                 return self._error(rid, 500, f"[Errno 2] No such file or directory: '{path}'",
                                    "InternalServerError")
-            if args.video_tokens == "qwen":
+            if self.missing_video_module and kind == "video":
+                # vLLM imports the --media-io-kwargs video backend only when it decodes a video.
+                return self._error(rid, 500, f"No module named '{self.missing_video_module}'", "InternalServerError")
+            if args.video_tokens == "qwen" and kind == "image":
+                try:
+                    embeds = qwen_image.image_embeds(real, self.image_min_pixels, self.image_max_pixels)
+                except qwen_image.CannotLoad as exc:
+                    return self._error(rid, 400, str(exc), "BadRequestError")
+                item_tokens = embeds + qwen_image.MARKERS
+            elif args.video_tokens == "qwen":
                 try:
                     info = await self.probe(real)
                 except qwen_video.CannotOpen:
@@ -529,15 +586,16 @@ class StandIn:
                                        "implementation of `_call_hf_processor` and `_get_mm_fields_config` are "
                                        "consistent with each other.", "InternalServerError")
                 embeds = qwen_video.video_tokens(info, self.fps, self.min_pixels, self.max_pixels)
-                video_tokens = embeds + 2  # <|vision_start|> ... <|vision_end|>
+                item_tokens = embeds + 2  # <|vision_start|> ... <|vision_end|>
             else:
-                embeds = video_tokens = 2 + int(size / args.bytes_per_video_token)
+                embeds = item_tokens = 2 + int(size / args.bytes_per_video_token)
+            media_tokens += item_tokens
             if self.encoder_cache and embeds > self.encoder_cache:
-                return self._error(rid, 400, f"The decoder prompt contains a(n) video item with {embeds} embedding "
+                return self._error(rid, 400, f"The decoder prompt contains a(n) {kind} item with {embeds} embedding "
                                    f"tokens, which exceeds the pre-allocated encoder cache size "
                                    f"{self.encoder_cache}. Please reduce the input size or increase the encoder "
                                    "cache size by setting --limit-mm-per-prompt at startup.", "BadRequestError")
-        prompt_tokens = video_tokens + 1 + int(len(prompt) / args.chars_per_text_token)
+        prompt_tokens = media_tokens + 1 + int(len(prompt) / args.chars_per_text_token)
         if prompt_tokens > args.max_model_len and args.video_tokens == "qwen":
             return self._error(rid, 400, f"Input length ({prompt_tokens}) exceeds model's maximum context length "
                                f"({args.max_model_len}).", "BadRequestError")
@@ -550,7 +608,7 @@ class StandIn:
             status_text, _, message = rest.partition(":")
             if word.lower() in prompt_lower:
                 return self._error(rid, int(status_text), message, "InternalServerError")
-        if faults and video_path is not None and args.random_500 and self.rng.random() < args.random_500:
+        if faults and media and args.random_500 and self.rng.random() < args.random_500:
             return self._error(rid, 500, "Internal server error (injected)", "InternalServerError")
 
         # The answer and its length.
@@ -583,7 +641,7 @@ class StandIn:
             if args.decode_tokens_per_s:
                 service += completion_tokens / args.decode_tokens_per_s
             if faults and (self._match(self.hang_on, prompt_lower, attempt) or (
-                    video_path is not None and args.hang_rate and self.rng.random() < args.hang_rate)):
+                    media and args.hang_rate and self.rng.random() < args.hang_rate)):
                 self.log.write("hanging", rid)
                 await asyncio.Event().wait()  # until the client disconnects (handler cancelled)
             if service > 0:
@@ -617,15 +675,7 @@ class StandIn:
         return 200, web.Response(body=data, content_type="application/json")
 
 
-async def main(argv=None) -> None:
-    args = parse_args(argv)
-    print(f"stand-in: starting (pid {os.getpid()}), model {args.served_model}, media loading threads "
-          f"{os.environ.get('VLLM_MEDIA_LOADING_THREAD_COUNT', 'default')}, CUDA_VISIBLE_DEVICES "
-          f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}, tensor {args.tensor_parallel_size} x data "
-          f"{args.data_parallel_size}, api servers {args.api_server_count}, max_num_batched_tokens "
-          f"{args.max_num_batched_tokens}", flush=True)
-    if args.slow_start:
-        await asyncio.sleep(args.slow_start)  # loading weights
+def make_app(args) -> web.Application:
     standin = StandIn(args)
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_get("/health", standin.health)
@@ -635,6 +685,19 @@ async def main(argv=None) -> None:
     if os.environ.get("VLLM_SERVER_DEV_MODE") == "1":
         app.router.add_get("/server_info", standin.server_info)
     app.router.add_post("/v1/chat/completions", standin.chat)
+    return app
+
+
+async def main(argv=None) -> None:
+    args = parse_args(argv)
+    print(f"stand-in: starting (pid {os.getpid()}), model {args.served_model}, media loading threads "
+          f"{os.environ.get('VLLM_MEDIA_LOADING_THREAD_COUNT', 'default')}, CUDA_VISIBLE_DEVICES "
+          f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}, tensor {args.tensor_parallel_size} x data "
+          f"{args.data_parallel_size}, api servers {args.api_server_count}, max_num_batched_tokens "
+          f"{args.max_num_batched_tokens}", flush=True)
+    if args.slow_start:
+        await asyncio.sleep(args.slow_start)  # loading weights
+    app = make_app(args)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port, backlog=1024)

@@ -40,8 +40,9 @@ from vidlabel.core.io import atomic_path, write_parquet, write_text
 log = logging.getLogger(__name__)
 
 SAMPLE_COLUMNS = ("post_id", "video_path", "caption", "transcript", "questions", "pi", "seed", "design")
-# The human-labels file (aggregate's format); adjudication carries a burn-in's adjudicated labels.
-HUMAN_LABEL_COLUMNS = (*labelstudio.EXPORT_COLUMNS, "adjudication")
+# The human-labels file (aggregate's format); adjudication carries a burn-in's adjudicated labels and
+# those of the annotations set as ground truth in Label Studio.
+HUMAN_LABEL_COLUMNS = labelstudio.EXPORT_COLUMNS
 # design.parquet / sample.csv: how a post came into the human sample.
 DESIGN_ACTIVE, DESIGN_UNIFORM, DESIGN_BURN_IN = "active", "uniform", "burn_in"
 DESIGN_AFTER_BURN_IN = "after_burn_in"  # drawn by sampling.burn_in_design after a burn-in
@@ -66,12 +67,15 @@ WHERE answer_probs IS NOT NULL
 BURN_IN_RESOLVED_SQL = "SELECT post_id, question, y FROM human_resolved"
 # The questions a burn-in labels (usable rows of human_checked).
 BURN_IN_QUESTIONS_SQL = "SELECT DISTINCT question FROM human_checked WHERE issue IS NULL ORDER BY question"
-# Caption, transcript and the original video of the sampled posts, from the manifest shards.
+# Caption, transcript and the original video of the sampled posts, from the manifest shards, and the
+# video's frame rate from the inventory (Label Studio's frameRate).
 SAMPLED_POSTS_SQL = """
-SELECT s.post_id, m.video_path, m.caption, m.transcript
-FROM sampled s LEFT JOIN manifest m USING (post_id)
+SELECT s.post_id, m.video_path, m.caption, m.transcript, i.fps
+FROM sampled s LEFT JOIN manifest m USING (post_id) LEFT JOIN inventory i USING (post_id)
 ORDER BY s.position
 """
+# Without an inventory no frame rate is known (Label Studio then assumes 24 per second).
+NO_INVENTORY_SQL = "CREATE OR REPLACE VIEW inventory AS SELECT NULL::VARCHAR AS post_id, NULL::DOUBLE AS fps LIMIT 0"
 
 
 class SampleError(ValueError):
@@ -203,9 +207,11 @@ def burn_in_rows(con, post_ids: list[str], pi: np.ndarray, burn_in: np.ndarray, 
 
 
 def run(config: dict[str, Any], labels_path: str | Path, manifest_paths: list[str | Path],
-        burn_in_path: str | Path | None, outputs: dict[str, str | Path]) -> None:
+        burn_in_path: str | Path | None, outputs: dict[str, str | Path],
+        inventory_path: str | Path | None = None) -> None:
     """Draw the sample and write ``outputs``: sample (CSV), design (Parquet), burn_in (CSV, the burn-in's
-    labels in human-label format, header only without one), ls_config (XML), ls_tasks (JSON)."""
+    labels in human-label format, header only without one), ls_config (XML), ls_tasks (JSON, each
+    video's frame rate from ``inventory_path``, the rule's inventory.parquet)."""
     settings = config["label_sample"]
     questions = sample_questions(config)
     ids = [q["id"] for q in questions]
@@ -250,7 +256,8 @@ def run(config: dict[str, Any], labels_path: str | Path, manifest_paths: list[st
                             "design": pa.array(design.tolist(), pa.string())}), outputs["design"])
     new = np.flatnonzero(drawn & candidates)
     new = new[np.random.default_rng((seed, 1)).permutation(new.size)]  # coding order: a stop part-way is random
-    rows = _sample_rows(con, manifest_paths, [post_ids[i] for i in new], pi[new], design[new], ids, seed)
+    rows = _sample_rows(con, manifest_paths, inventory_path, [post_ids[i] for i in new], pi[new], design[new], ids,
+                        seed)
     _write_csv(outputs["sample"], SAMPLE_COLUMNS, rows)
     for row in rows:
         row["video"] = labelstudio.video_url(settings["video_url"], row["video_path"], config["media_root"])
@@ -263,18 +270,22 @@ def run(config: dict[str, Any], labels_path: str | Path, manifest_paths: list[st
              floor, seed, share.min(), float(np.median(share)), share.max())
 
 
-def _sample_rows(con, manifest_paths, post_ids, pi, design, ids, seed) -> list[dict[str, Any]]:
+def _sample_rows(con, manifest_paths, inventory_path, post_ids, pi, design, ids, seed) -> list[dict[str, Any]]:
     duck.parquet_view(con, "manifest", manifest_paths, union_by_name=True)
+    if inventory_path is None:
+        con.execute(NO_INVENTORY_SQL)
+    else:
+        duck.parquet_view(con, "inventory", inventory_path)
     con.register("sampled", pa.table({"post_id": pa.array(post_ids, pa.string()),
                                       "position": list(range(len(post_ids)))}))
     found = con.execute(SAMPLED_POSTS_SQL).fetchall()
-    absent = [post_id for post_id, video_path, _, _ in found if video_path is None]
+    absent = [post_id for post_id, video_path, *_ in found if video_path is None]
     if absent:
         raise SampleError(f"{len(absent)} sampled post(s) are not in the manifest shards, e.g. {absent[:5]}: "
                           "rerun the workflow so that labels.parquet and the manifest agree")
     return [{"post_id": post_id, "video_path": video_path, "caption": caption or "", "transcript": transcript or "",
-             "questions": labelstudio.QUESTIONS_SEPARATOR.join(ids), "pi": float(p), "seed": seed, "design": str(d)}
-            for (post_id, video_path, caption, transcript), p, d in zip(found, pi, design)]
+             "questions": labelstudio.QUESTIONS_SEPARATOR.join(ids), "pi": float(p), "seed": seed, "design": str(d),
+             "fps": fps} for (post_id, video_path, caption, transcript, fps), p, d in zip(found, pi, design)]
 
 
 def _write_csv(path: str | Path, columns, rows) -> None:

@@ -1,14 +1,20 @@
 """Label Studio: the labelling config and tasks for a human sample, and reading the coders' export back.
 
-The tasks carry the video, caption and transcript, never the model's answer (a coder who sees it tends
-to agree with it). Each task's data also keeps ``post_id``, ``pi`` (the post's inclusion probability) and
-``questions``, so that every export format carries what the estimate needs.
+The tasks carry the video (with its frame rate), caption and transcript, never the model's answer (a
+coder who sees it tends to agree with it). Each task's data also keeps ``post_id``, ``pi`` (the post's
+inclusion probability) and ``questions``, so that every export format carries what the estimate needs.
+
+What a task shows (``video``, ``fps``, ``caption``, ``transcript``) is kept apart from what identifies
+it (``post_id``, ``pi``, ``seed``, ``design``, ``questions``): reading an export back needs only the
+latter and the question ids, so a post shown with several media items later (a list field beside
+``video``) leaves the export format as it is.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import urllib.parse
 import xml.etree.ElementTree as ET
@@ -19,14 +25,17 @@ import pyarrow as pa
 
 from vidlabel.prepare.prompt import ANSWER_CHOICES
 
-# Columns of read_export's table: one row per annotation and question.
-EXPORT_COLUMNS = ("post_id", "question", "label", "sampling_probability", "annotator")
+# Columns of read_export's table: one row per annotation and question. ``adjudication`` repeats the
+# label on the rows of the annotation set as the task's ground truth (empty elsewhere): the decision
+# of whoever adjudicated the coders' disagreement (docs/human_labels.md).
+EXPORT_COLUMNS = ("post_id", "question", "label", "sampling_probability", "annotator", "adjudication")
 # The question ids, in task data and in the flat (CSV, JSON-MIN) exports.
 QUESTIONS_SEPARATOR = ";"
 # Name of the video object in the labelling config; every question's Choices point at it.
 VIDEO_TAG = "video"
-# Fields of a task's data; tasks() writes them.
-TASK_FIELDS = ("post_id", "video", "caption", "transcript", "questions", "pi", "seed", "design")
+# Fields of a task's data; tasks() writes them. ``fps`` is the video's frame rate from the inventory,
+# the Video tag's frameRate (null when the probe found none: Label Studio then assumes 24).
+TASK_FIELDS = ("post_id", "video", "fps", "caption", "transcript", "questions", "pi", "seed", "design")
 # Names a question id cannot take: Label Studio's CSV and JSON-MIN exports put the task's data fields,
 # one column per question and these annotation columns side by side, and tag names must be unique.
 RESERVED_NAMES = frozenset(TASK_FIELDS) | {"id", "annotator", "annotation_id", "created_at", "updated_at",
@@ -41,13 +50,14 @@ class ExportError(ValueError):
 # Import files
 
 def labelling_config(questions: list[dict[str, Any]]) -> str:
-    """Label Studio labelling config (XML): the video, caption and transcript, then one required
+    """Label Studio labelling config (XML): the video at its own frame rate (the task's ``fps``: without
+    it Label Studio counts frames at 24 per second), caption and transcript, then one required
     single-choice question per question id, headed by the question's text."""
     clash = reserved_question_ids(q["id"] for q in questions)
     if clash:
         raise ValueError(f"question id(s) {clash} are names the Label Studio files use themselves; rename them")
     view = ET.Element("View")
-    ET.SubElement(view, "Video", name=VIDEO_TAG, value="$video")
+    ET.SubElement(view, "Video", name=VIDEO_TAG, value="$video", frameRate="$fps")
     for field, title in (("caption", "Caption"), ("transcript", "Transcript")):
         ET.SubElement(view, "Header", value=title, size="5")
         ET.SubElement(view, "Text", name=field, value=f"${field}")
@@ -79,9 +89,15 @@ def video_url(template: str, video_path: str, media_root: str) -> str:
 
 
 def tasks(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Label Studio tasks, one per sampled post; ``rows`` have post_id, video (URL), caption, transcript,
-    questions (ids joined by QUESTIONS_SEPARATOR), pi, seed and design."""
-    return [{"data": {f: ("" if row[f] is None else row[f]) for f in TASK_FIELDS}} for row in rows]
+    """Label Studio tasks, one per sampled post; ``rows`` have post_id, video (URL), fps (None when
+    unknown), caption, transcript, questions (ids joined by QUESTIONS_SEPARATOR), pi, seed and design."""
+    return [{"data": {f: _task_value(f, row[f]) for f in TASK_FIELDS}} for row in rows]
+
+
+def _task_value(field: str, value: Any) -> Any:
+    if field == "fps":  # a number or null (Label Studio's default), never text
+        return float(value) if value is not None and math.isfinite(value) and value > 0 else None
+    return "" if value is None else value
 
 
 # --------------------------------------------------------------------------------------------
@@ -94,8 +110,10 @@ def read_export(path: str | Path) -> pa.Table:
     export and the CSV export (one flat row per annotation; the question columns are the ids in the
     task's ``questions`` field). Two coders on one post give two rows per question; cancelled
     (skipped) annotations and unanswered questions give none. ``annotator`` is the coder's email
-    when the export has it, else their user id. Raises ExportError naming the task for a task without
-    post_id or pi and for a question with more than one choice.
+    when the export has it, else their user id. The rows of an annotation set as the task's ground
+    truth (JSON export only: the flat exports drop the mark) carry their label as ``adjudication``
+    too, the value aggregate resolves the post to. Raises ExportError naming the task for a task
+    without post_id or pi and for a question with more than one choice.
     """
     path = Path(path)
     if not path.is_file():
@@ -118,6 +136,7 @@ def read_export(path: str | Path) -> pa.Table:
         "label": pa.array([r[2] for r in rows], pa.string()),
         "sampling_probability": pa.array([r[3] for r in rows], pa.float64()),
         "annotator": pa.array([r[4] for r in rows], pa.string()),
+        "adjudication": pa.array([r[5] for r in rows], pa.string()),
     })
 
 
@@ -155,6 +174,7 @@ def _json_rows(export: list, path: Path) -> list[tuple]:
             if annotation.get("was_cancelled"):
                 continue
             annotator = _annotator(annotation.get("completed_by"))
+            adjudicates = bool(annotation.get("ground_truth"))
             for result in annotation.get("result") or []:
                 if result.get("type") != "choices":
                     continue
@@ -162,7 +182,8 @@ def _json_rows(export: list, path: Path) -> list[tuple]:
                 if len(choices) != 1:
                     raise ExportError(f"{path}: {where} (post {post_id}), question {result.get('from_name')!r}: "
                                       f"expected one choice, found {choices}")
-                rows.append((post_id, result.get("from_name"), choices[0], pi, annotator))
+                rows.append((post_id, result.get("from_name"), choices[0], pi, annotator,
+                             choices[0] if adjudicates else None))
     return rows
 
 
@@ -189,5 +210,5 @@ def _flat_rows(records: list, path: Path) -> list[tuple]:
                     raise ExportError(f"{path}: {where} (post {post_id}), question {question!r}: "
                                       f"expected one choice, found {label}")
                 label = label[0]
-            rows.append((post_id, question, str(label).strip(), pi, annotator))
+            rows.append((post_id, question, str(label).strip(), pi, annotator, None))
     return rows

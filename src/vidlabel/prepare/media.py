@@ -90,31 +90,11 @@ def probe(path: str | os.PathLike) -> dict[str, Any]:
     """
     path = os.fspath(path)
     info = _empty_probe()
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        info["probe_error"] = "missing: no such file"
+    info["size_bytes"], info["probe_error"] = _file_problem(path)
+    if info["probe_error"]:
         return info
-    except OSError as exc:
-        info["probe_error"] = f"unreadable: {exc.strerror or exc}"
-        return info
-    if not Path(path).is_file():
-        info["probe_error"] = "not a regular file"
-        return info
-    info["size_bytes"] = st.st_size
-    if st.st_size == 0:
-        info["probe_error"] = "empty file (0 bytes)"
-        return info
-    try:
-        container = _open(path)
-    except av.error.InvalidDataError:
-        info["probe_error"] = _explain_invalid_data(path)
-        return info
-    except av.error.PermissionError:
-        info["probe_error"] = "unreadable: permission denied"
-        return info
-    except (av.error.FFmpegError, OSError, UnicodeError) as exc:
-        info["probe_error"] = f"cannot open: {exc}"
+    container, info["probe_error"] = _open_media(path)
+    if container is None:
         return info
     try:
         _fill_from_container(container, info)
@@ -123,6 +103,33 @@ def probe(path: str | os.PathLike) -> dict[str, Any]:
     finally:
         container.close()
     return info
+
+
+def _file_problem(path: str) -> tuple[int | None, str | None]:
+    """(size in bytes, None) for a non-empty regular file, else (size or None, the reason)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None, "missing: no such file"
+    except OSError as exc:
+        return None, f"unreadable: {exc.strerror or exc}"
+    if not Path(path).is_file():
+        return None, "not a regular file"
+    if st.st_size == 0:
+        return 0, "empty file (0 bytes)"
+    return st.st_size, None
+
+
+def _open_media(path: str):
+    """(PyAV container, None), or (None, a readable reason it cannot be opened)."""
+    try:
+        return _open(path), None
+    except av.error.InvalidDataError:
+        return None, _explain_invalid_data(path)
+    except av.error.PermissionError:
+        return None, "unreadable: permission denied"
+    except (av.error.FFmpegError, OSError, UnicodeError) as exc:
+        return None, f"cannot open: {exc}"
 
 
 def _fill_from_container(container, info: dict[str, Any]) -> None:

@@ -22,6 +22,13 @@ The Qwen2.5-VL rule, as served by vLLM 0.33 (see shared/notes/reference.md):
   The two vision start/end marker tokens are counted in the chat-template overhead of the text.
 
 Example: 720x1280, 32 frames, max_pixels 602,112 -> 560x1008 -> 16 pairs * 20 * 36 = 11,520.
+
+Images (``image_tokens``): one frame, padded to a pair by the processor, so ``(H'/28)*(W'/28)`` cells
+after ``smart_resize`` with the *image* pixel bounds (``ImageBounds``: ``planning.image_min_pixels`` /
+``planning.image_max_pixels``, by default the Qwen2.5-VL preprocessor's 3,136 and 12,845,056), plus
+``IMAGE_MARKER_TOKENS`` for its <|vision_start|>/<|vision_end|> pair, counted per image because a post
+may carry many. A 1080x1920 photo: 1092x1932 -> 39*69 = 2,691 cells + 2. Audio items carry no visual
+tokens (their transcript is text).
 """
 
 from __future__ import annotations
@@ -66,6 +73,19 @@ class Sampling:
 
     def with_(self, **changes) -> "Sampling":
         return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class ImageBounds:
+    """The pixel bounds the server resizes each image within (the HF preprocessor's by default)."""
+
+    min_pixels: int = 3136  # 56*56, Qwen2.5-VL preprocessor_config.json
+    max_pixels: int = 12845056  # 16384*28*28, same file
+
+    @classmethod
+    def from_config(cls, config: dict) -> "ImageBounds":
+        p = config["planning"]
+        return cls(min_pixels=int(p["image_min_pixels"]), max_pixels=int(p["image_max_pixels"]))
 
 
 @dataclass
@@ -144,6 +164,24 @@ def qwen_frames(duration_s, source_fps, s: Sampling) -> np.ndarray:
 def _cells(height, width, s: Sampling):
     h, w = smart_resize(height, width, s.min_pixels, s.max_pixels)
     return h, w, (h // FACTOR) * (w // FACTOR)
+
+
+IMAGE_MARKER_TOKENS = 2  # <|vision_start|> and <|vision_end|> around each image's pad tokens
+
+
+def image_cells(width, height, bounds: ImageBounds, max_pixels=None) -> np.ndarray:
+    """Visual (pad) tokens per image: the 28x28 cells after smart_resize; what the encoder cache holds.
+
+    ``max_pixels`` (scalar or per image) replaces the bound where a plan lowers it for a post.
+    """
+    top = bounds.max_pixels if max_pixels is None else np.asarray(max_pixels)
+    h, w = smart_resize(height, width, bounds.min_pixels, top)
+    return ((h // FACTOR) * (w // FACTOR)).astype(np.int64)
+
+
+def image_tokens(width, height, bounds: ImageBounds, max_pixels=None) -> np.ndarray:
+    """Prompt tokens per image: its cells plus its two vision marker tokens."""
+    return image_cells(width, height, bounds, max_pixels) + IMAGE_MARKER_TOKENS
 
 
 @register("qwen2_5_vl")

@@ -10,11 +10,16 @@ none. A transient error (timeout, 503, 5xx, connection) that used up its attempt
 tried again by the next run; once its attempts over all runs reach ``RERUN_ATTEMPT_FACTOR *
 max_attempts`` the record becomes terminal, so a request that always fails ends as a clear record.
 
-The first request goes alone, as the media check: a server that cannot see the job's media (another
-mount, another ``--allowed-local-media-path``) stops the job there, naming the probable cause, with
-nothing journaled (its calibration videos usually show it before). During the run, a row of
-MEDIA_FAILURE_RUN distinct videos failing with the same media error and no answer in between stops it
-the same way; those records are not journaled.
+A failure shared by many requests is the server's, not theirs (``vidlabel.serve.breaker``): until the
+job's first answer requests go one at a time (the first is the media check, after the calibration
+videos, which usually show a server that cannot read the job's media before any post is sent); the
+same 5xx on two of them, a server that cannot see the job's media, a run of the same error with no
+answer in between, or a refusal that shows the server's limits below the plan's stops the job once
+with the server's message and the probable cause (ServerFailing, MediaUnreachable, ServerBelowPlan),
+and journals nothing terminal for those requests. Attempts made while nothing of the job was answered
+are not charged to the requests; where a request's failure would otherwise stay undecided because
+nothing else is left to send, one answered request of the shard is sent again as a control (not
+journaled).
 
 The job fails (raises) when no server is left (every own server copy exited, or every endpoint failed
 its health checks: ``vidlabel.serve.endpoints``; while one is left, traffic moves to it), on SIGTERM/SIGINT
@@ -28,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import signal
 from dataclasses import replace
 from pathlib import Path
@@ -39,6 +43,7 @@ import pyarrow.parquet as pq
 from vidlabel.core import identity
 from vidlabel.core.io import write_parquet
 from vidlabel.core.journal import Journal, JournalLocked
+from vidlabel.serve.breaker import Breaker, PlannedLimits, Trip, probable_media_cause
 from vidlabel.serve.calibration import calibration
 from vidlabel.serve.client import ClassifyClient, ClientSettings, Stopped, run
 from vidlabel.serve.command import server_copies
@@ -56,9 +61,6 @@ from vidlabel.serve.settings import ServeSettings
 log = logging.getLogger(__name__)
 
 RERUN_ATTEMPT_FACTOR = 2
-# This many distinct videos in a row failing with the same media error, no answer in between: the
-# server's media access is broken, not the videos (see the module docstring).
-MEDIA_FAILURE_RUN = 12
 
 MANIFEST_COLUMNS = ["request_id", "post_id", "media_path", "prompt", "est_prompt_tokens"]
 # Columns an older manifest may lack: what the row's answer also depends on (vidlabel.core.identity).
@@ -83,6 +85,18 @@ class ShardIncomplete(ClassifyError):
 
 class MediaUnreachable(ClassifyError):
     """The server cannot read the job's media (mount, allowed path or codec): stop, journal nothing."""
+
+
+class ServerFailing(ClassifyError):
+    """The server fails every request the same way (vidlabel.serve.breaker): stop, journal nothing."""
+
+
+class ServerBelowPlan(ClassifyError):
+    """The server's encoder cache or context is smaller than planned: stop, journal nothing."""
+
+
+# The breaker's trip kinds (vidlabel.serve.breaker.Trip) and the error each raises.
+TRIP_ERRORS = {"server": ServerFailing, "limits": ServerBelowPlan, "media": MediaUnreachable}
 
 
 def read_shard(path: str | Path) -> list[dict[str, Any]]:
@@ -171,6 +185,17 @@ async def _classify(settings: ServeSettings, provenance: Provenance, rows: list[
         stop_sending.set()
         abort.set()
 
+    def on_trip(trip: Trip) -> None:
+        message = trip.message
+        if server is not None and trip.kind == "server":
+            message += "".join(f"\nlast lines of {s.log_path}:\n{log_tail(s.log_path)}" for s in server.servers)
+        log.error("shard %d: stopping: %s", shard, message)
+        why.setdefault("reason", f"breaker:{trip.kind}")
+        why.setdefault("message", message)
+        stop_sending.set()
+        abort.set()
+
+    breaker = Breaker(PlannedLimits.of(settings.plan), on_trip)
     installed = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(RuntimeError, ValueError, NotImplementedError):
@@ -180,7 +205,7 @@ async def _classify(settings: ServeSettings, provenance: Provenance, rows: list[
     server = None
     watchdog = None
     progress = None
-    down: dict[int, str] = {}
+    down: dict[int, tuple[str, bool]] = {}  # index -> (why, for good)
     try:
         if settings.endpoints:
             endpoints, down = await external_endpoints(settings)
@@ -206,10 +231,10 @@ async def _classify(settings: ServeSettings, provenance: Provenance, rows: list[
 
         try:
             client = ClassifyClient(endpoints, client_settings, stop_event=abort, on_failure=on_server_failure,
-                                    owned=server is not None, calibration=calibration(settings))
+                                    owned=server is not None, breaker=breaker, calibration=calibration(settings))
             async with client:
-                for index, reason in down.items():
-                    client.endpoints.mark_down(index, reason)
+                for index, (reason, final) in down.items():
+                    client.endpoints.mark_down(index, reason, final=final)
                 live = [ep.identity for ep in client.endpoints.all if ep.state != DOWN]
                 pending = pending + from_other_servers(rows, reused, pending, live, shard)
                 if not pending:
@@ -223,10 +248,10 @@ async def _classify(settings: ServeSettings, provenance: Provenance, rows: list[
                         lambda index, message: client.endpoints.mark_down(index, message, final=True)))
                 progress.in_flight = lambda: client.deadlines.in_flight
                 await _stream(client, pending, journal, prior, client_settings, provenance, progress, stop_sending,
-                              abort, why, grace_s)
+                              abort, why, grace_s, breaker, control_row(rows, reused, pending))
         except CalibrationMediaError as exc:
             raise MediaUnreachable(f"shard {shard}: {exc} — probable cause: "
-                                   f"{probable_media_cause({'error': exc.message})}. Nothing was sent; fix it "
+                                   f"{probable_media_cause(exc.message)}. Nothing was sent; fix it "
                                    "and rerun.") from None
         log.info(progress.line())
     finally:
@@ -241,8 +266,8 @@ async def _classify(settings: ServeSettings, provenance: Provenance, rows: list[
     reason = why.get("reason")
     if reason == "server":
         raise ServerError(f"shard {shard}: {why['message']}")
-    if reason == "media":
-        raise MediaUnreachable(f"shard {shard}: {why['message']}")
+    if breaker.tripped is not None:
+        raise TRIP_ERRORS[breaker.tripped.kind](f"shard {shard}: {why['message']}")
     if reason == "fatal":
         raise FatalClientError(f"shard {shard}: {why['message']}")
     if reason:
@@ -250,111 +275,87 @@ async def _classify(settings: ServeSettings, provenance: Provenance, rows: list[
                              f"this run and are journaled; rerun to continue")
 
 
-def _media_failure_key(rec: dict) -> str | None:
-    """What a run of the same media error has in common, or None when ``rec`` is no media error."""
-    if rec["status"] == "ok" or rec["error_kind"] not in ("bad_media", "media_unreachable"):
+def control_row(rows: list[dict], reused: dict[str, dict], pending: list[dict]) -> dict | None:
+    """An answered request of the shard, the cheapest, to send again when only a control can tell whether
+    the server answers at all (its answer is not journaled); None when the shard has none."""
+    pending_ids = {r["request_id"] for r in pending}
+    answered = [r for r in rows if (reused.get(r["request_id"]) or {}).get("status") == "ok"
+                and r["request_id"] not in pending_ids]
+    if not answered:
         return None
-    return f"{rec['http_status']} " + re.sub(r"(/\S+|\d+)", "_", rec.get("error") or "")[:200]
-
-
-def probable_media_cause(rec: dict) -> str:
-    message = rec.get("error") or ""
-    if "subpath" in message:
-        return ("the server may not read where the videos are: its --allowed-local-media-path differs from the "
-                "job's media_root (or the transcoded media directory)")
-    if "No such file" in message or "Errno 2" in message:
-        return ("the server does not see the videos at the job's paths: mount the media at the same path on the "
-                "server's node (or set media_root to where the server sees it)")
-    return "the server cannot decode these videos (a codec or container it does not support; see docs/planning.md)"
-
-
-class MediaErrorRun:
-    """Holds media-error records back until an answer shows the server can read media; MEDIA_FAILURE_RUN
-    distinct videos in a row with the same error and no answer in between mean it cannot."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.held: dict[str, list[dict]] = {}
-
-    def add(self, rec: dict) -> tuple[list[dict], dict | None]:
-        """(records to journal now, the record that completes a run, else None)."""
-        key = _media_failure_key(rec)
-        if key is None:
-            # An answer shows the server reads media: the errors held were the videos' own.
-            return (self.flush() if rec["status"] == "ok" else []) + [rec], None
-        group = self.held.setdefault(key, [])
-        group.append(rec)
-        return [], rec if len({r["post_id"] for r in group}) >= self.limit else None
-
-    def flush(self) -> list[dict]:
-        out = [r for group in self.held.values() for r in group]
-        self.held.clear()
-        return out
+    row = min(answered, key=lambda r: int(r["est_prompt_tokens"] or 0))
+    return dict(row, request_id=f"control-{row['request_id']}")
 
 
 async def _stream(client: ClassifyClient, pending: list[dict], journal: Journal, prior: dict,
                   settings: ClientSettings, provenance: Provenance, progress: Progress,
-                  stop_sending: asyncio.Event, abort: asyncio.Event, why: dict, grace_s: float) -> None:
+                  stop_sending: asyncio.Event, abort: asyncio.Event, why: dict, grace_s: float,
+                  breaker: Breaker, control: dict | None = None) -> None:
     rerun_limit = RERUN_ATTEMPT_FACTOR * settings.max_attempts
-    media_run = MediaErrorRun(MEDIA_FAILURE_RUN)
-
-    def stop_for_media(rec: dict, first: bool) -> None:
-        where = "the first request (the media check)" if first else \
-            f"{MEDIA_FAILURE_RUN} videos in a row, with no answer in between"
-        why.setdefault("reason", "media")
-        why.setdefault("message", f"{where} failed with: {rec['error']} — probable cause: "
-                                  f"{probable_media_cause(rec)}. Nothing was journaled for them; fix it and rerun.")
-        stop_sending.set()
-        abort.set()
+    in_flight: set[str] = set()
+    control_task: asyncio.Task | None = None
 
     def journal_records(records: list[dict]) -> None:
         for rec in records:
             journal.append(rec.journal())
             progress.finished(rec)
 
-    def finish(rec: dict, row: dict, first: bool = False) -> None:
+    def finish(rec: dict, row: dict) -> None:
+        if breaker.tripped:
+            return  # journal nothing for the requests of a failing server: the rerun sends them again
         before = prior.get(rec["request_id"])
+        if rec["retryable"] and not breaker.answered_any:
+            rec["attempts"] = 0  # the server answered nothing: its failures are not charged to the request
         if before:
             rec["attempts"] += int(before.get("attempts") or 0)
             rec["sends"] += int(before.get("sends") or 0)
-        if rec["retryable"] and rec["attempts"] >= rerun_limit and rec["error_kind"] != "media_unreachable":
+        if (rec["retryable"] and breaker.answered_any and rec["attempts"] >= rerun_limit
+                and rec["error_kind"] != "media_unreachable"):
             rec["retryable"] = False
             rec["error"] = f"{rec['error']}; {rec['attempts']} attempts over several runs, giving up"
         rec = provenance.record(rec, row)  # frozen from here on, stamped with what made it
-        if first and rec["error_kind"] == "media_unreachable":
-            stop_for_media(rec, first=True)
-            return
-        ready, completes_run = media_run.add(rec)
-        if completes_run is not None:
-            stop_for_media(completes_run, first=False)
-            media_run.held.clear()  # journal nothing terminal for them: the rerun sends them again
-            return
-        journal_records(ready)
+        journal_records(breaker.settle(rec, answered=rec["http_status"] == 200))
 
-    async def one(row: dict, first: bool = False) -> bool:
+    async def send(row: dict) -> dict | None:
+        in_flight.add(row["request_id"])  # before the first await: see Breaker.turn
         try:
-            rec = await client.classify(row)
+            return await client.classify(row)
         except (Stopped, NoLiveEndpoint):  # the reason is in `why` already
-            return False
+            return None
         except FatalClientError as exc:
             why.setdefault("reason", "fatal")
             why.setdefault("message", str(exc))
             stop_sending.set()
             abort.set()
+            return None
+        finally:
+            in_flight.discard(row["request_id"])
+            breaker.wake()
+
+    async def controlled() -> None:
+        """Once per job: whether the server answers at all, from a request it answered before."""
+        nonlocal control_task
+        if control_task is None:
+            log.info("shard %d: nothing answered yet; sending the answered request %s again as a control",
+                     progress.shard, control["post_id"])
+            control_task = asyncio.ensure_future(send(control))
+        await asyncio.shield(control_task)
+
+    async def one(row: dict) -> bool:
+        rec = await send(row)
+        if rec is None:
             return False
-        finish(rec, row, first)
+        if rec["retryable"] and not breaker.answered_any and control is not None:
+            await controlled()  # whether this failure is the request's own decides its attempts
+        finish(rec, row)
         return True
 
-    # The media check: one real video alone, before the shard's traffic.
     rows = iter(pending)
-    first = next(rows)
-    if not await one(first, first=True) or stop_sending.is_set():
-        journal_records(media_run.flush() if why.get("reason") != "media" else [])
-        return
 
     async def worker() -> None:
         while not stop_sending.is_set():
-            row = next(rows, None)
+            await breaker.turn(in_flight)  # one at a time until the job's first answer
+            row = None if stop_sending.is_set() else next(rows, None)
             if row is None or not await one(row):
                 return
 
@@ -364,12 +365,13 @@ async def _stream(client: ClassifyClient, pending: list[dict], journal: Journal,
             log.info(progress.line())
 
     n_workers = max(settings.concurrency, settings.adaptive_ceiling if settings.adaptive else 0)
-    workers = [asyncio.create_task(worker()) for _ in range(min(n_workers, len(pending) - 1))]
+    workers = [asyncio.create_task(worker()) for _ in range(min(n_workers, len(pending)))]
     reporter = asyncio.create_task(report())
     # asyncio.wait, not gather: a gather future whose workers get cancelled holds a CancelledError
     # that nobody retrieves, and asyncio prints it as a traceback when the server dies mid-shard.
     all_done = asyncio.create_task(asyncio.wait(workers)) if workers else asyncio.create_task(asyncio.sleep(0))
     stopper = asyncio.create_task(stop_sending.wait())
+    stopper.add_done_callback(lambda _: breaker.stop_waiting())
     try:
         await asyncio.wait({all_done, stopper}, return_when=asyncio.FIRST_COMPLETED)
         if not all_done.done():
@@ -383,12 +385,11 @@ async def _stream(client: ClassifyClient, pending: list[dict], journal: Journal,
             for w in workers:
                 w.cancel()
     finally:
-        for task in (stopper, reporter, all_done, *workers):
+        tasks = [stopper, reporter, all_done, *workers, *([control_task] if control_task else [])]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(stopper, reporter, all_done, *workers, return_exceptions=True)
-        if why.get("reason") != "media":
-            journal_records(media_run.flush())  # fewer than a run: the videos' own errors
+        await asyncio.gather(*tasks, return_exceptions=True)
+        journal_records(breaker.release())  # no trip: fewer than a run, the requests' own errors
     for w in workers:  # a worker's own failure (a bug) must not pass silently
         if not w.cancelled() and w.exception() is not None:
             raise w.exception()
-

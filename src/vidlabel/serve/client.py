@@ -14,10 +14,13 @@ A request's life (``ClassifyClient.classify``):
 Not charged: the immediate resend after a scattered 503, the truncation retry, and attempts cut for
 the server's sake (the stall detector, an endpoint going down, a refused connection), so a server
 fault never turns requests into terminal ``timeout`` records. Every send carries its own
-``X-Request-Id`` (request id + send number): vLLM refuses an id that is still running, and a retry
-can race the abort of the attempt before it. A 5xx that comes back with the same body on every
-charged attempt while the server answers other requests is the request's own (a 1-frame video's
-"division by zero"): its record is terminal, since no rerun could ever finish it.
+``X-Request-Id`` (request id, the client's random token, send number): vLLM V1 before 0.26 refused an
+id still running (a retry racing the abort of its previous attempt; two ``classify.models`` entries of
+one model on one server). A 5xx that comes back with the same body on every charged attempt while the
+server answers other requests is the request's own (a 1-frame video's "division by zero"): its record
+is terminal, since no rerun could ever finish it. "No such file" for a file missing here too is looked
+for again after the MEDIA_RECHECK_S pauses (an NFS or autofs hiccup): one that is back is sent again,
+free. Every attempt is reported to the job's breaker (``vidlabel.serve.breaker``).
 
 HTTP goes through aiohttp's public client: measured at ~0.4 ms of client CPU per request, against
 ~2 ms for openai's public ``client.post`` and ~3.6 ms for httpx (benchmarks/client_overhead.py needs
@@ -29,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +67,9 @@ CONNECT_TIMEOUT_S = 10.0
 # Below uvicorn's 5 s keep-alive (vLLM's server), so that an idle connection is never reused just as
 # the server closes it.
 KEEPALIVE_S = 4.0
+# Pauses before looking again for a file that the server and this job both found missing: an NFS or
+# autofs mount can take seconds to come back.
+MEDIA_RECHECK_S = (1.0, 3.0)
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 
@@ -83,19 +90,23 @@ class _Outcome:
     overload: bool = False  # a refusal that shows the server full (limit.py)
     charged: bool = True  # the request's own failure (not the server's: see the module docstring)
     endpoint: Endpoint | None = None
+    resend: bool = False  # its media file was missing here too for a moment and is back: send again, free
 
 
 class ClassifyClient:
     """``async with ClassifyClient(endpoints, settings) as c: record = await c.classify(row)``.
 
     ``stop_event`` set: requests stop (Stopped). When every endpoint is down the client sets it,
-    keeps the reason in ``failure`` and calls ``on_failure(reason)``.
+    keeps the reason in ``failure`` and calls ``on_failure(reason)``. ``breaker`` (a
+    ``vidlabel.serve.breaker.Breaker``) hears of every attempt.
     """
 
     def __init__(self, endpoints: list[tuple[str, str]], settings: ClientSettings,
                  stop_event: asyncio.Event | None = None, on_failure: Callable[[str], None] | None = None,
-                 owned: bool = False, calibration: Calibration | None = None):
+                 owned: bool = False, breaker=None, calibration: Calibration | None = None):
         s = self.settings = settings
+        self.breaker = breaker
+        self.token = secrets.token_hex(4)  # makes this client's X-Request-Ids its own
         self.calibration = calibration  # the calibration videos each endpoint's identity is probed with
         self.stop_event = stop_event or asyncio.Event()
         self.on_failure = on_failure
@@ -167,6 +178,14 @@ class ClassifyClient:
         inside = root is None or os.path.commonpath([root, os.path.realpath(path)]) == root
         return inside and os.path.isfile(path)
 
+    async def _back_after_pauses(self, path: str) -> bool:
+        """The file is there again after one of the MEDIA_RECHECK_S pauses."""
+        for pause in MEDIA_RECHECK_S:
+            await self._sleep_or_stop(pause)
+            if self._readable_here(path):
+                return True
+        return False
+
     async def _attempt(self, row: dict, max_tokens: int, tokens: int, send: int) -> _Outcome:
         n = await self.limit.send()
         try:
@@ -174,7 +193,7 @@ class ClassifyClient:
         except NoLiveEndpoint:
             self.limit.returned(n)
             raise
-        headers = {**ep.headers, "X-Request-Id": f"{row['request_id']}-{send}"}
+        headers = {**ep.headers, "X-Request-Id": f"{row['request_id']}-{self.token}-{send}"}
         ep.outstanding += 1
         ep.sent += 1
         t0 = time.monotonic()
@@ -199,14 +218,18 @@ class ClassifyClient:
             if fatal is not None:
                 raise fatal
             kind, transient = classify_error(status, message, row["media_path"])
-            if kind == "bad_media" and server_cannot_see_media(message) and self._readable_here(row["media_path"]):
-                # The file is here, the server does not see it: the server's mount or its
-                # --allowed-local-media-path, never the video's fault (classify.py stops the job).
-                kind, transient = "media_unreachable", True
+            resend = False
+            if kind == "bad_media" and server_cannot_see_media(message):
+                if self._readable_here(row["media_path"]):
+                    # The file is here, the server does not see it: the server's mount or its
+                    # --allowed-local-media-path, never the video's fault (the breaker stops the job).
+                    kind, transient = "media_unreachable", True
+                elif await self._back_after_pauses(row["media_path"]):
+                    transient = resend = True  # missing here too, for a moment: a mount's hiccup
             overload = kind == "server_overloaded" and self.limit.refused(n)
             return _Outcome(kind=kind, transient=transient, http_status=status, message=message,
                             retry_after=retry_after_s(resp.headers), overload=overload,
-                            charged=kind != "media_unreachable", endpoint=ep)
+                            charged=kind != "media_unreachable" and not resend, endpoint=ep, resend=resend)
         self.limit.answered(n)
         self.answered += 1
         self.deadlines.answered(time.monotonic() - t0, tokens)
@@ -249,6 +272,9 @@ class ClassifyClient:
             rec["latency_s"] = rec["finished_at"] - t0
             if outcome.endpoint is not None:
                 rec["server"] = outcome.endpoint.identity
+            if self.breaker is not None:
+                self.breaker.attempt(row["request_id"], outcome.kind, outcome.http_status, outcome.message,
+                                     outcome.charged)
             if outcome.completion is not None:
                 rec["attempts"] = charged + 1
                 if fill_from_answer(rec, outcome.completion, s.questions) or max_tokens > s.max_tokens:
@@ -261,10 +287,13 @@ class ClassifyClient:
             if not outcome.transient:
                 rec["attempts"] = charged + 1
                 return rec
-            if outcome.kind == "media_unreachable":  # the job decides (classify.py): not retried here
+            if outcome.kind == "media_unreachable":  # the job decides (the breaker): not retried here
                 rec["retryable"] = True
                 return rec
             self._check_stop()  # the server is going away: this error says nothing about the request
+            if outcome.resend and free < FREE_SENDS_FACTOR * s.max_attempts:
+                free += 1
+                continue
             # A scattered 503 (no load shown, no Retry-After) is sent again at once, the first time in
             # a row, and costs nothing from the budget: the next refusal in a row backs off and counts.
             scattered = (outcome.kind == "server_overloaded" and not outcome.overload

@@ -36,13 +36,13 @@ import httpx
 from yarl import URL
 
 from vidlabel.serve.probe import Calibration, ServerIdentity, identify
-from vidlabel.serve.server import ServerBusy, ServerError, smoke_request
+from vidlabel.serve.server import BROKEN_SMOKE_TRIES, ServerBroken, ServerBusy, ServerError, smoke_request
 from vidlabel.serve.settings import ServeSettings
 
 log = logging.getLogger(__name__)
 
 FAILURES_BEFORE_DOWN = 3
-SMOKE_TRIES = 5  # an external endpoint's smoke request is asked again this often after a 5xx
+SMOKE_TRIES = 5  # an external endpoint's smoke request is asked again this often while it is busy
 SUSPECT_PROBE_S = 1.0
 PROBE_TIMEOUT_S = 5.0
 UP, SUSPECT, DOWN = "up", "suspect", "down"
@@ -203,27 +203,31 @@ class Endpoints:
                     await asyncio.wait_for(self._wake.wait(), max(0.01, min(waits) - time.monotonic()))
 
 
-async def external_endpoints(settings: ServeSettings) -> tuple[list[tuple[str, str]], dict[int, str]]:
-    """The endpoints and, by index, why those that failed their smoke request are down (ServerError
-    when all did; FatalClientError when one refused the key)."""
+async def external_endpoints(settings: ServeSettings) -> tuple[list[tuple[str, str]], dict[int, tuple[str, bool]]]:
+    """The endpoints and, by index, why those that failed their smoke request are down and whether for
+    good (ServerError when all did; FatalClientError when one refused the key)."""
     key = os.environ.get(settings.api_key_env, "")
     if not key:
         log.warning("environment variable %s is empty: sending requests without an API key", settings.api_key_env)
     endpoints = [(url, key or "none") for url in settings.endpoints]
-    down: dict[int, str] = {}
+    down: dict[int, tuple[str, bool]] = {}  # index -> (why, for good: broken rather than busy or away)
     async with httpx.AsyncClient(timeout=60.0) as http:
         for i, (url, k) in enumerate(endpoints):
+            broken = 0
             for attempt in range(1, SMOKE_TRIES + 1):
                 try:
                     await smoke_request(http, url, {"Authorization": f"Bearer {k}"}, settings.model)
                     break
                 except ServerError as exc:
-                    if isinstance(exc, ServerBusy) and attempt < SMOKE_TRIES:  # a 5xx: ask again
+                    broken += isinstance(exc, ServerBroken)
+                    again = isinstance(exc, ServerBusy) or (isinstance(exc, ServerBroken) and broken < BROKEN_SMOKE_TRIES)
+                    if again and attempt < SMOKE_TRIES:
                         await asyncio.sleep(1.0)
                         continue
                     log.error("endpoint %s is down at the start: %s", url, exc)
-                    down[i] = str(exc)
+                    # Broken (a 500 while /health may answer 200): not to be brought back by its health checks.
+                    down[i] = (str(exc), isinstance(exc, ServerBroken))
                     break
     if len(down) == len(endpoints):
-        raise ServerError("no endpoint answered: " + "; ".join(down.values()))
+        raise ServerError("no endpoint answered: " + "; ".join(why for why, _ in down.values()))
     return endpoints, down

@@ -8,7 +8,22 @@ instead found 0 ...". A refused API key is neither: every request would hit it, 
 The order matters. 408, 429, 503 and 504 say "not now" whatever their text (a 429 "too many tokens
 per minute" is a rate limit, not a long prompt; a 503 "Failed to open ..." an overloaded proxy).
 A message that names a file is about the request's media only when the file it names is that
-media: "[Errno 2] ... /dev/shm/..." is the server's own trouble, retried like any 5xx.
+media: "[Errno 2] ... /dev/shm/..." is the server's own trouble, retried like any 5xx. A 400
+"Request id ... already running." (vLLM V1 before 0.26 randomised its internal ids: a send id still
+running there, e.g. a retry racing the abort of its previous attempt) is gone on the next send.
+
+Whether an error is the request's own or the server's (the same error on many requests, limits below
+the plan) is decided above the single request: ``vidlabel.serve.breaker``.
+
+The wordings, as vLLM 0.26 writes them (``renderers/params.py``, ``v1/engine/input_processor.py``,
+``entrypoints/serve/utils/api_utils.py``) and as earlier V1 releases did:
+
+- context: "This model's maximum context length is M tokens. However, you requested ...", "Input length
+  (N) exceeds model's maximum context length (M).", "The decoder prompt (length N) is longer than the
+  maximum model length of M." and, before 0.26, "The prompt (total length N) is too long to fit into
+  the model (context length M).";
+- encoder cache: "... video item with N embedding tokens, which exceeds the pre-allocated encoder cache
+  size M. ..."
 """
 
 from __future__ import annotations
@@ -33,8 +48,10 @@ _BAD_MEDIA = re.compile(
     r"|prompt (?:placeholders|updates) corresponding to \d+ (?:video|image) items?",
     re.IGNORECASE)
 _TOO_LONG = re.compile(r"maximum context length|exceeds model's maximum context|input length .* exceeds"
-                       r"|prompt is too long|too many (?:input )?tokens|longer than the maximum model length",
+                       r"|prompt is too long|too long to fit into the model|too many (?:input )?tokens"
+                       r"|longer than the maximum model length",
                        re.IGNORECASE)
+_ID_RUNNING = re.compile(r"request id \S+ already running", re.IGNORECASE)
 _ENCODER_CACHE = re.compile(r"encoder cache", re.IGNORECASE)
 # The server looked for the file and did not find it, or may not read where it is.
 _CANNOT_SEE = re.compile(r"no such file or directory|errno 2\b|must be a subpath of", re.IGNORECASE)
@@ -74,6 +91,8 @@ def classify_error(http_status: int | None, message: str, media_path: str | None
         return "server_overloaded", True
     if http_status in _TIMED_OUT:
         return "timeout", True
+    if _ID_RUNNING.search(msg):
+        return "server_error", True
     if _ENCODER_CACHE.search(msg):
         return "encoder_cache", False
     if _TOO_LONG.search(msg) and (http_status is None or http_status < 500):

@@ -306,8 +306,13 @@ def _model_text(f: Fit) -> str:
 
 
 def summary_md(config: dict, f: Fit, proj: dict, pilot_n: int, gpus_source: str = "cost.gpus_per_job",
-               warning: str | None = None) -> str:
+               warning: str | None = None, succeeded: int | None = None) -> str:
+    """``succeeded``: the pilot's answered requests, where the fit used only those of this run (``f.requests``)."""
     c = config["cost"]
+    succeeded = f.requests if succeeded is None else succeeded
+    reused = (f" Throughput was measured on the {f.requests} answered in this run; the other {succeeded - f.requests} "
+              "answers were reused from an earlier run of the pilot (their timings belong to that run)."
+              if succeeded > f.requests else "")
     window = (f"the steady part of the pilot ({f.steady_window_s:.0f} s, from the first answer to the last moment "
               f"{f.peak_in_flight} requests were in flight)" if f.steady else
               f"the whole request phase ({f.steady_window_s:.0f} s, ramp-up and drain included: the pilot was too "
@@ -328,7 +333,7 @@ Projection for **{proj['requests']:,} requests** in {proj['shards']} shards
 | naive per-item projection (for comparison) | {_fmt_h(proj['naive_wall_hours_per_item_mean'])} |
 
 ## Pilot
-{pilot_n} requests sampled at random within {STRATA} strata of estimated prompt tokens; {f.requests} succeeded.{
+{pilot_n} requests sampled at random within {STRATA} strata of estimated prompt tokens; {succeeded} succeeded.{reused}{
     chr(10) + "**" + warning + ".**" if warning else ""}
 Server throughput over {window}: {f.prompt_tokens_per_s:,.0f} prompt tokens/s, {f.completion_tokens_per_s:,.1f}
 completion tokens/s, {f.requests_per_s:.2f} requests/s; effective concurrency {f.rate:.2f}.
@@ -352,8 +357,12 @@ def run(config: dict, shard_paths, json_path, md_path, workdir,
         server_log_path="logs/classify/server-pilot.log", seed: int = 0) -> dict:
     """Draw the pilot from the manifest shards, classify it, fit, project; write JSON and Markdown.
 
-    The pilot's shard file, labels and journal live in ``workdir``; a rerun resumes the pilot from
-    its journal instead of classifying it again.
+    The pilot's shard file, labels and journal live in ``workdir``. The shard file is the draw (its
+    rows follow from the manifest, ``planning.pilot_size`` and ``seed``): a rerun whose draw differs
+    writes it anew, and the journal's answers of requests still in it are reused (``run_shard``); an
+    unchanged rerun resumes the pilot from its journal instead of classifying it again. Where some of
+    the pilot's answers come from an earlier run, the throughput is fitted on this run's alone (the
+    others were timed under another run), provided it has at least 3.
     """
     from vidlabel.serve import classify
 
@@ -373,17 +382,21 @@ def run(config: dict, shard_paths, json_path, md_path, workdir,
     pilot_path = workdir / "pilot-shard.parquet"
     labels_path = workdir / "pilot-labels.parquet"
     journal_path = workdir / "pilot.jsonl"
-    if not pilot_path.exists():
-        write_parquet(everything.take(pa.array(pick)), pilot_path)
+    pilot = everything.take(pa.array(pick))
+    if not pilot_path.exists() or not pq.read_table(pilot_path).equals(pilot):
+        write_parquet(pilot, pilot_path)  # another draw: other pilot size, manifest or seed
     job_started = time.time()
     classify.classify_shard(settings, pilot_path, labels_path, journal_path, server_log_path, 0)
-    labels = pq.read_table(labels_path)
-    fresh = [r for r in labels.to_pylist() if (r.get("started_at") or 0) >= job_started - 1]
-    # A resumed pilot has older records; their start-up is unknown, so measure it on fresh ones only.
-    f = fit(labels, job_started_at=job_started if len(fresh) == labels.num_rows else None)
+    labels = pq.read_table(labels_path).to_pylist()
+    fresh = [r for r in labels if (r.get("started_at") or 0) >= job_started - 1]
+    measured = fresh if sum(r["status"] == "ok" for r in fresh) >= 3 else labels
+    # Start-up is known only when this run classified the whole pilot.
+    f = fit(measured, job_started_at=job_started if len(fresh) == len(labels) else None)
+    succeeded = sum(r["status"] == "ok" for r in labels)
     gpus, gpus_source = job_gpus(config)
     proj = project(config, f, shard_tokens, gpus)
-    result = {"pilot": {"requests": int(len(pick)), "model": f.model, **asdict(f)}, "projection": proj,
+    result = {"pilot": {"requests": len(labels), "succeeded": succeeded, "model": f.model, **asdict(f)},
+              "projection": proj,
               "config": {"classify_model": config["classify"]["model"],
                          "concurrent_jobs": config["planning"]["concurrent_jobs"],
                          "gpus_per_job": gpus, "gpus_per_job_from": gpus_source,
@@ -391,7 +404,7 @@ def run(config: dict, shard_paths, json_path, md_path, workdir,
                          "concurrency": config["classify"]["concurrency"], "request_slots": slots,
                          "pilot_warning": small}}
     write_text(json.dumps(result, indent=2, default=_json_default) + "\n", json_path)
-    write_text(summary_md(config, f, proj, len(pick), gpus_source, small), md_path)
+    write_text(summary_md(config, f, proj, len(labels), gpus_source, small, succeeded), md_path)
     return result
 
 

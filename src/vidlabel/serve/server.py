@@ -47,7 +47,18 @@ class ServerError(RuntimeError):
 
 
 class ServerBusy(ServerError):
-    """The smoke request got a 5xx: the server may still become ready."""
+    """The smoke request got a 502, 503 or 504 (or a 429): the server may still become ready."""
+
+
+class ServerBroken(ServerError):
+    """The smoke request got another 5xx (or /health a 500): vLLM opens its port only once its engine is
+    up, so the server is broken, not starting."""
+
+
+# A server whose /health or smoke request answers a 500 this many times in a row is broken (one more try
+# than a glitch needs, a few seconds in all).
+BROKEN_SMOKE_TRIES = 3
+BUSY_STATUSES = frozenset({429, 502, 503, 504})
 
 
 def log_tail(path: str | Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -169,10 +180,13 @@ class VLLMServer:
                 f"{log_tail(self.log_path)}")
 
     async def wait_ready(self) -> None:
-        """Return once /health answers 200 and a one-token request succeeds; ServerError otherwise."""
+        """Return once /health answers 200 and a one-token request succeeds; ServerError otherwise: at
+        once when the process exits, after BROKEN_SMOKE_TRIES 500s in a row (broken), else after
+        ``startup_timeout_s`` (a refused connection or a 503 means still starting)."""
         deadline = time.monotonic() + self.startup_timeout_s
         headers = {"Authorization": f"Bearer {self.api_key}"}
         restarts = 0
+        broken = 0
         async with httpx.AsyncClient(timeout=30.0) as http:
             while True:
                 if self.proc.poll() is not None:
@@ -193,16 +207,26 @@ class VLLMServer:
                     health = await http.get(f"{self.root_url}/health")
                 except httpx.HTTPError:
                     health = None
-                if health is not None and health.status_code == 200:
-                    try:
+                try:
+                    if health is not None and health.status_code == 500:
+                        raise ServerBroken(f"{self.root_url}/health answered 500: {health.text[:500]}")
+                    if health is not None and health.status_code == 200:
                         await self._smoke(http, headers)
-                    except ServerBusy as exc:  # overloaded or still warming up: ask again
-                        log.info("server not ready yet: %s", exc)
-                    else:
                         self.ready_after_s = time.monotonic() - self.started_at
                         log.info("server %d ready on port %d, %.1f s after its start", self.copy.index,
                                  self.port, self.ready_after_s)
                         return
+                except ServerBusy as exc:  # overloaded or still warming up: ask again
+                    log.info("server not ready yet: %s", exc)
+                except ServerBroken as exc:
+                    broken += 1
+                    if broken >= BROKEN_SMOKE_TRIES:
+                        raise ServerBroken(f"{exc} ({broken} times in a row: broken, not starting); last lines "
+                                           f"of {self.log_path}:\n{log_tail(self.log_path)}") from None
+                    log.warning("server %d: %s; asking again", self.copy.index, exc)
+                    await asyncio.sleep(1.0)
+                    continue
+                broken = 0
                 await asyncio.sleep(0.25)
 
     async def _smoke(self, http: httpx.AsyncClient, headers: dict) -> None:
@@ -280,8 +304,11 @@ async def smoke_request(http: httpx.AsyncClient, base_url: str, headers: dict, m
         raise ServerError(f"smoke request to {base_url} failed: {exc!r}") from None
     if resp.status_code in (401, 403):
         raise fatal_error(base_url, resp.status_code, response_message(resp.content))
-    if resp.status_code >= 500:
+    if resp.status_code in BUSY_STATUSES:
         raise ServerBusy(f"smoke request to {base_url} answered {resp.status_code}: {resp.text[:200]}")
+    if resp.status_code >= 500:
+        raise ServerBroken(f"smoke request to {base_url} answered {resp.status_code}: "
+                           f"{response_message(resp.content)[:500]}")
     if resp.status_code != 200:
         tail = f"; last lines of {log_path}:\n{log_tail(log_path)}" if log_path else ""
         raise ServerError(f"smoke request to {base_url} answered {resp.status_code}: {resp.text[:500]}{tail}")

@@ -1,0 +1,143 @@
+"""The stand-in counts image tokens as vLLM does (tests/standin/qwen_image.py, written from vLLM's
+source), and vidlabel's estimate (vidlabel.prepare.tokens / post_plan) agrees with it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from PIL import Image
+
+from vidlabel.core import config as cfgmod
+from vidlabel.demo import make_video
+from vidlabel.prepare import images
+from vidlabel.prepare import post_plan as pp
+from vidlabel.prepare import tokens as tk
+from vidlabel.prepare.items import probe_item
+from vidlabel.prepare.post_prompt import PromptItem, message_content
+
+sys.path.insert(0, str(Path(__file__).parent / "standin"))
+import server as standin  # noqa: E402  (the stand-in's own module, beside its helpers)
+
+PROMPT = "<caption>beach day</caption>\n- promotes_product: Does it? (answer: yes/no)"
+
+
+@pytest.fixture(scope="module")
+def media(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mixed")
+    rng = np.random.default_rng(1)
+
+    def save(name, size, **kw):
+        Image.fromarray(rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)).save(root / name, **kw)
+        return root / name
+
+    exif = Image.Exif()
+    exif[images.EXIF_ORIENTATION] = 6
+    files = {"portrait": save("portrait.jpg", (1080, 1920), quality=85),
+             "sideways": save("sideways.jpg", (1920, 1080), quality=85, exif=exif),
+             "small": save("small.png", (300, 200)),
+             "tiny": save("tiny.webp", (20, 20)),
+             "huge": save("huge.jpg", (8000, 6000), quality=60)}
+    make_video(root / "clip.mp4", duration=4.0, size=(640, 360), fps=15, audio=False)
+    files["clip"] = root / "clip.mp4"
+    return root, files
+
+
+def ask(root: Path, flags: list[str], content: list[dict]) -> tuple[int, dict]:
+    args = standin.parse_args(["--port", "0", "--allowed-local-media-path", str(root), "--video-tokens", "qwen",
+                               "--served-model", "m", *flags])
+
+    async def go():
+        async with TestClient(TestServer(standin.make_app(args))) as client:
+            resp = await client.post("/v1/chat/completions",
+                                     json={"model": "m", "max_tokens": 16,
+                                           "messages": [{"role": "user", "content": content}]})
+            return resp.status, await resp.json()
+
+    return asyncio.run(go())
+
+
+def text_tokens(content: list[dict]) -> int:
+    """The stand-in's text count (1 + characters / 4 of the text parts joined), to isolate media tokens."""
+    return 1 + int(len("\n".join(p["text"] for p in content if p["type"] == "text")) / 4)
+
+
+def estimate(cfg, paths) -> int:
+    infos = [probe_item(p) for p in paths]
+    tokens, _ = pp.item_tokens(cfg, [i["kind"] for i in infos], [i["width"] for i in infos],
+                               [i["height"] for i in infos], [i["duration_s"] or 0 for i in infos],
+                               [i["fps"] or 0 for i in infos])
+    return int(tokens.sum())
+
+
+@pytest.fixture
+def cfg():
+    return cfgmod.validate({"posts": "p.csv", "media_root": "/m"})
+
+
+def test_image_tokens_match_at_the_preprocessor_bounds(media, cfg):
+    root, files = media
+    names = ["portrait", "sideways", "small", "tiny", "clip"]
+    content = message_content([PromptItem("video" if n == "clip" else "image", str(files[n])) for n in names], PROMPT)
+    status, body = ask(root, ["--mm-processor-kwargs", json.dumps({"videos_kwargs": {"max_pixels": 602112}}),
+                              "--limit-mm-per-prompt", '{"image": 4, "video": 1}'], content)
+    assert status == 200, body
+    media_tokens = body["usage"]["prompt_tokens"] - text_tokens(content)
+    assert media_tokens == estimate(cfg, [files[n] for n in names])
+    # By hand: 2691 (1080x1920, either orientation) x 2, 7x11 cells for 300x200, 2x2 for 20x20; the
+    # 4 s clip at 2 fps = 8 frames = 4 pairs of 13x23 cells; 2 markers per item.
+    assert media_tokens == 2 * 2693 + (7 * 11 + 2) + (4 + 2) + (4 * 13 * 23 + 2)
+
+
+def test_a_flat_pixel_bound_applies_to_images_too(media, cfg):
+    """vidlabel's default server command passes one min/max_pixels pair: transformers applies it to
+    the image processor as well, so photos are then bounded like video frames."""
+    root, files = media
+    content = message_content([PromptItem("image", str(files["portrait"]))], PROMPT)
+    status, body = ask(root, ["--mm-processor-kwargs", '{"min_pixels": 100352, "max_pixels": 602112}'], content)
+    assert status == 200, body
+    media_tokens = body["usage"]["prompt_tokens"] - text_tokens(content)
+    assert media_tokens == int(tk.image_tokens([1080], [1920], tk.ImageBounds(100352, 602112))[0]) == 20 * 36 + 2
+    assert media_tokens != estimate(cfg, [files["portrait"]])  # the default image bound would say 2693
+
+
+def test_too_many_items_of_a_kind_are_refused_as_vllm_does(media):
+    root, files = media
+    content = message_content([PromptItem("image", str(files["small"]))] * 3, PROMPT)
+    status, body = ask(root, ["--limit-mm-per-prompt", '{"image": 2, "video": 1}'], content)
+    assert status == 400 and body["message"] == "At most 2 image(s) may be provided in one prompt."
+    status, body = ask(root, ["--limit-mm-per-prompt", '{"image": 0, "video": 1}'], content[:2] + content[-1:])
+    assert status == 400 and body["message"] == "At most 0 image(s) may be provided in one prompt."
+
+
+def test_the_encoder_cache_holds_the_largest_image_the_bound_allows(media, cfg):
+    root, files = media
+    flags = ["--max-num-batched-tokens", "8192", "--limit-mm-per-prompt", '{"image": 1, "video": 1}']
+    content = message_content([PromptItem("image", str(files["huge"]))], PROMPT)
+    status, body = ask(root, flags, content)  # 16,170 cells: over 8192, within the profiled 16,384
+    assert status == 200, body
+    assert body["usage"]["prompt_tokens"] - text_tokens(content) == estimate(cfg, [files["huge"]]) == 147 * 110 + 2
+    cfg["classify"]["max_num_batched_tokens"] = 8192
+    args = standin.parse_args(["--port", "0", "--allowed-local-media-path", str(root), "--video-tokens", "qwen",
+                               *flags])
+    assert standin.StandIn(args).encoder_cache == pp.encoder_cache_size(cfg, {"image": 1, "video": 1}) == 16384
+    # A bound of its own for images shrinks the cache and the same photo no longer fits it.
+    small = ["--mm-processor-kwargs", json.dumps({"images_kwargs": {"max_pixels": 4096 * 784}}),
+             "--max-num-batched-tokens", "2048", "--limit-mm-per-prompt", '{"image": 1, "video": 0}']
+    status, body = ask(root, small, content)
+    assert status == 200, body  # resized within its own bound: 4,096 cells at most, the cache holds them
+    assert body["usage"]["prompt_tokens"] - text_tokens(content) <= 4096 + 2
+
+
+def test_an_unreadable_image_is_a_400(media, tmp_path):
+    root, _ = media
+    bad = root / "notes.jpg"
+    bad.write_text("not a picture")
+    content = message_content([PromptItem("image", str(bad))], PROMPT)
+    status, body = ask(root, [], content)
+    assert status == 400 and body["message"].startswith("Failed to load image: ")
