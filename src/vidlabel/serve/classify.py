@@ -232,9 +232,9 @@ async def _classify(settings: ServeSettings, provenance: Provenance, rows: list[
         try:
             client = ClassifyClient(endpoints, client_settings, stop_event=abort, on_failure=on_server_failure,
                                     owned=server is not None, breaker=breaker, calibration=calibration(settings))
+            for index, (reason, final) in down.items():  # before the client probes the others
+                client.endpoints.mark_down(index, reason, final=final)
             async with client:
-                for index, (reason, final) in down.items():
-                    client.endpoints.mark_down(index, reason, final=final)
                 live = [ep.identity for ep in client.endpoints.all if ep.state != DOWN]
                 pending = pending + from_other_servers(rows, reused, pending, live, shard)
                 if not pending:

@@ -182,9 +182,11 @@ class Endpoints:
             ep.next_probe = time.monotonic() + min(SUSPECT_PROBE_S, self.interval_s)
 
     async def identify(self, session: aiohttp.ClientSession, model: str, calibration: Calibration | None = None) -> None:
-        """Set every endpoint's ``identity`` (vidlabel.serve.probe), with the calibration videos if given."""
-        found = await asyncio.gather(*(identify(session, ep, model, calibration) for ep in self.all))
-        for ep, identity in zip(self.all, found):
+        """Set the ``identity`` of every endpoint not down (vidlabel.serve.probe), with the calibration
+        videos if given."""
+        live = [ep for ep in self.all if ep.state != DOWN]
+        found = await asyncio.gather(*(identify(session, ep, model, calibration) for ep in live))
+        for ep, identity in zip(live, found):
             ep.identity = identity
 
     async def watch(self) -> None:
