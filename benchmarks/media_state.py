@@ -47,7 +47,8 @@ def main() -> None:
     ap.add_argument("--dir", default=None)
     ap.add_argument("--threads", type=int, default=16)
     args = ap.parse_args()
-    print(f"media_state: {os.cpu_count()} CPUs, {args.threads} threads, files under {args.dir or tempfile.gettempdir()}")
+    where = args.dir or tempfile.gettempdir()
+    print(f"media_state: {os.cpu_count()} CPUs, {args.threads} threads, files under {where}")
     for n in args.paths:
         with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
             t0 = time.perf_counter()

@@ -521,7 +521,8 @@ def test_a_file_missing_for_a_moment_is_sent_again_once_it_is_back(tmp_path, med
     async def scenario():
         with VLLMServer(ServeSettings.from_config(cfg), tmp_path / "server.log") as server:
             await server.wait_ready()
-            async with ClassifyClient([(server.base_url, server.api_key)], ServeSettings.from_config(cfg).client) as client:
+            eps = [(server.base_url, server.api_key)]
+            async with ClassifyClient(eps, ServeSettings.from_config(cfg).client) as client:
                 comeback = asyncio.create_task(back_after(0.3))
                 recs = await asyncio.gather(*(client.classify(r) for r in rows))
                 await comeback

@@ -648,7 +648,8 @@ def test_records_re_dealt_to_other_shards_keep_the_busy_time_of_the_jobs_that_ma
         aggregate.run(cfg, out, None, tmp_path / "summary")
         for p in paths:
             p.unlink()
-        return {r["shard"] if r["shard"] == "all" else r["job"]: r for r in _read_csv(tmp_path / "summary" / "throughput.csv")}
+        rows = _read_csv(tmp_path / "summary" / "throughput.csv")
+        return {r["shard"] if r["shard"] == "all" else r["job"]: r for r in rows}
 
     three = gpu_hours({s: [record(i, s) for i in range(120) if i % 3 == s] for s in range(3)})
     four = gpu_hours({s: [record(i, s) for i in range(120) if i % 4 == s] for s in range(4)})

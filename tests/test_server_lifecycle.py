@@ -125,7 +125,8 @@ def test_api_servers_and_media_threads_follow_the_cpus_of_each_copy(tmp_path):
     assert (one.gpus, one.tensor, one.data, one.cpus, one.api_servers) == (("4", "5", "6", "7"), 1, 4, 32, 8)
     assert one.log_path.name == "server-3.log"
     # Fake or absent GPUs are not pinned: the variable is left as the job had it.
-    (unpinned,) = server_copies(settings(cfg), Layout(2, 1, ("0", "1"), "test"), tmp_path / "s.log", {"SLURM_CPUS_PER_TASK": "8"})
+    (unpinned,) = server_copies(settings(cfg), Layout(2, 1, ("0", "1"), "test"),
+                                tmp_path / "s.log", {"SLURM_CPUS_PER_TASK": "8"})
     assert unpinned.gpus == ()
 
 

@@ -540,7 +540,8 @@ def _provenance_warnings(described: Sequence[dict]) -> list[str]:
         if len(d["provenance"]) > 1:
             out.append(f"**WARNING: {d['name']}'s answers come from {len(d['provenance'])} different servers or "
                        f"settings (mixed provenance)**: " + "; ".join(
-                           f"{r.answers:,} by {r.server or 'an unknown server'} under settings `{r.settings_fingerprint}`"
+                           f"{r.answers:,} by {r.server or 'an unknown server'} under settings "
+                           f"`{r.settings_fingerprint}`"
                            for r in d["provenance"])
                        + f". Its numbers mix them; rerun its classify under one setting if they must not be mixed "
                        f"(its summary.md lists them).")

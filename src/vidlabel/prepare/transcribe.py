@@ -303,7 +303,8 @@ def run_chunk(
         stale = 0
         for post in posts:
             prev = journaled.get(post["post_id"])
-            same = prev is not None and prev.get("settings") == settings and prev.get("audio") == audio[post["video_path"]]
+            same = (prev is not None and prev.get("settings") == settings
+                    and prev.get("audio") == audio[post["video_path"]])
             if same and not prev.get("retryable"):
                 done[post["post_id"]] = prev
                 continue

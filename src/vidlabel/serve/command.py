@@ -19,7 +19,7 @@ from vidlabel.serve.settings import ServeSettings, ServerSettings
 
 
 class CommandError(ValueError):
-    """``classify.server_command`` or ``classify.server_args`` cannot be made into an argv; the message names the key."""
+    """``classify.server_command`` or ``classify.server_args`` cannot be made an argv; the message names the key."""
 
 
 def free_port() -> int:

@@ -181,7 +181,8 @@ class Endpoints:
             ep.state = SUSPECT
             ep.next_probe = time.monotonic() + min(SUSPECT_PROBE_S, self.interval_s)
 
-    async def identify(self, session: aiohttp.ClientSession, model: str, calibration: Calibration | None = None) -> None:
+    async def identify(self, session: aiohttp.ClientSession, model: str,
+                       calibration: Calibration | None = None) -> None:
         """Set the ``identity`` of every endpoint not down (vidlabel.serve.probe), with the calibration
         videos if given."""
         live = [ep for ep in self.all if ep.state != DOWN]
@@ -222,7 +223,8 @@ async def external_endpoints(settings: ServeSettings) -> tuple[list[tuple[str, s
                     break
                 except ServerError as exc:
                     broken += isinstance(exc, ServerBroken)
-                    again = isinstance(exc, ServerBusy) or (isinstance(exc, ServerBroken) and broken < BROKEN_SMOKE_TRIES)
+                    again = isinstance(exc, ServerBusy) or (isinstance(exc, ServerBroken)
+                                                            and broken < BROKEN_SMOKE_TRIES)
                     if again and attempt < SMOKE_TRIES:
                         await asyncio.sleep(1.0)
                         continue
