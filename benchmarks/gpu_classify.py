@@ -184,6 +184,9 @@ def format_specs() -> dict[str, dict]:
         "one-frame": dict(ext="mp4", frames=1, args=[*h264]),
         "no-audio": dict(ext="mp4", args=[*h264]),
         "mpeg4-avi": dict(ext="avi", args=["-c:v", "mpeg4", "-b:v", "2000k", "-c:a", "aac", "-b:a", "96k"]),
+        # A clip cut without re-encoding, as phone editors and platforms trim: an MP4 edit list whose
+        # header still counts the frames before the cut, which the decoder drops.
+        "edit-list": dict(ext="mp4", cut_copy=1.3, args=[*h264]),
     }
     av1 = av1_encoder()
     if av1:
@@ -212,6 +215,11 @@ def make_format(work: Path, media: Path, name: str, spec: dict, seed: int) -> Pa
         ffmpeg_run(["-i", tmp, "-c", "copy", "-metadata:s:v:0", f"rotate={spec['rotate']}", rotated], path.name)
         tmp.unlink()
         tmp = rotated
+    if spec.get("cut_copy"):
+        cut = path.with_name(f"{path.stem}.cut.{spec['ext']}")
+        ffmpeg_run(["-ss", spec["cut_copy"], "-i", tmp, "-c", "copy", cut], path.name)
+        tmp.unlink()
+        tmp = cut
     tmp.rename(path)
     return path
 
