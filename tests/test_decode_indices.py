@@ -14,6 +14,8 @@ every backend samples alike.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -125,3 +127,32 @@ def test_nvdec_is_given_only_what_it_is_documented_and_measured_to_decode(zoo):
         assert plan[name] is None, (name, plan[name])
     assert "4:4:4" in plan["h264-yuv444"] or "yuv444p" in plan["h264-yuv444"]
     assert "yuv420p10le" in plan["h264-10bit"]
+
+
+def test_decode_indices_script_compares_each_backend_with_the_default(zoo, tmp_path):
+    """benchmarks/decode_indices.py's own parts (files, comparison, table, JSON), with the re-implemented
+    loaders standing in for vLLM's (which it calls on the GPU machine)."""
+    import json
+    import shutil
+    import sys
+
+    sys.path.insert(0, str(__import__("format_zoo").BENCHMARKS))
+    import decode_indices as di
+
+    _, files, _ = zoo
+    media = tmp_path / "media"
+    media.mkdir()
+    for name in ("no-audio", "vfr", "vp9", "rotated"):
+        shutil.copy(files[name], media / files[name].name)
+    assert di.main(["--media", str(media), "--workdir", str(tmp_path), "--reference",
+                    "--backends", "pyav,torchcodec,opencv"]) == 0
+    rows = {(Path(r["file"]).stem.removeprefix("fmt-"), r["backend"]): r
+            for r in json.loads((tmp_path / "decode_indices.json").read_text())}
+    assert {b for _, b in rows} == {"opencv", "pyav", "torchcodec"}
+    assert rows["no-audio", "pyav"]["same_indices"] is True and rows["no-audio", "pyav"]["frame_diff"] == 0.0
+    assert rows["no-audio", "opencv"]["indices"] == [0, 15, 30, 45, 60, 75]
+    assert rows["vfr", "torchcodec"]["same_indices"] is False
+    assert "division by zero" in rows["vp9", "pyav"]["error"] and rows["vp9", "pyav"]["same_indices"] is False
+    assert rows["rotated", "opencv"]["shape"][1:3] == [1280, 720] and rows["rotated", "pyav"]["shape"][1:3] == [720, 1280]
+    table = di.table([di.Result(**r) for r in json.loads((tmp_path / "decode_indices.json").read_text())])
+    assert "| fmt-vfr.mp4 | torchcodec |" in table and "**no**" in table
