@@ -57,8 +57,11 @@ class Result:
 
 def vllm_loader(backend: str, fps: float):
     """A function bytes -> (frames, metadata, requested indices) that is vLLM's own path."""
-    from vllm.multimodal.media import ImageMediaIO, VideoMediaIO
-    from vllm.multimodal.video import VIDEO_LOADER_REGISTRY, VideoSourceMetadata, VideoTargetMetadata
+    try:  # the GPU machine's vLLM; not a dependency of vidlabel
+        from vllm.multimodal.media import ImageMediaIO, VideoMediaIO
+        from vllm.multimodal.video import VIDEO_LOADER_REGISTRY, VideoSourceMetadata, VideoTargetMetadata
+    except ImportError as exc:
+        raise RuntimeError(f"vLLM is not importable here ({exc}); --reference uses tests/vllm_video.py") from None
 
     io = VideoMediaIO(ImageMediaIO(), video_backend="qwen2_vl", fps=fps, backend=backend)
     sampler = VIDEO_LOADER_REGISTRY.load("qwen2_vl")

@@ -130,7 +130,7 @@ class ProcSampler(_Sampler):
     def sample(self):
         now, threads = time.time(), {}
         for pid in _descendants(self.root):
-            if pid not in self.cmdlines:
+            if "VLLM::" not in self.cmdlines.get(pid, ""):  # a spawned process sets its title after starting
                 try:
                     self.cmdlines[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(
                         errors="replace")
@@ -300,6 +300,9 @@ def steady(records, gpu_samples, metrics: MetricsSampler, proc: ProcSampler, con
     }
     if replay:
         out["replay"] = replay_decode(records, lo, hi, config)
+        cpu, decoded = out["cpu_s_per_answer"], out["replay"].get("decode_cpu_s_per_answer")
+        if "api" in cpu and decoded is not None:  # the multimodal processor and request handling
+            cpu["api_besides_decode"] = cpu["api"] - decoded
     out["verdict"] = verdict(out)
     return out
 
@@ -338,12 +341,12 @@ def fmt(x, spec=",.0f", unit="") -> str:
 def table(rows: list[dict]) -> str:
     head = ("| variant | CPUs | decode | answers (window) | steady prompt tok/s | steady req/s | GPU busy (idle) | "
             "ramp s / tok/s | drain s / tok/s | engine running / waiting | client in flight | API CPU-s per answer "
-            "(main / pools; decode replayed) | engine CPU-s per answer |\n" + "|---" * 14 + "|")
+            "(main / pools; decode replayed, rest: processor) | engine CPU-s per answer |\n" + "|---" * 13 + "|")
     lines = [head]
     for r in rows:
         s = r.get("steady") or {}
         if "window" not in s:
-            lines.append(f"| {r['variant']} | - | - | {r.get('error') or s.get('error')} |" + " - |" * 10)
+            lines.append(f"| {r['variant']} | - | - | {r.get('error') or s.get('error')} |" + " - |" * 9)
             continue
         w, cpu, rep = s["window"], s["cpu_s_per_answer"], s.get("replay") or {}
         lines.append(
@@ -353,7 +356,8 @@ def table(rows: list[dict]) -> str:
             f"{s['drain']['seconds']:.0f} / {s['drain']['prompt_tok_s']:,.0f} | "
             f"{fmt(s['engine_running_median'], 'g')} / {fmt(s['engine_waiting_median'], 'g')} | "
             f"{fmt(s['client_in_flight_median'], 'g')} | {fmt(cpu.get('api'), '.2f')} ({fmt(cpu.get('api_main_thread'), '.2f')}"
-            f" / {fmt(cpu.get('api_pool_threads'), '.2f')}; {fmt(rep.get('decode_cpu_s_per_answer'), '.2f')}) | "
+            f" / {fmt(cpu.get('api_pool_threads'), '.2f')}; decode {fmt(rep.get('decode_cpu_s_per_answer'), '.2f')}, "
+            f"rest {fmt(cpu.get('api_besides_decode'), '.2f')}) | "
             f"{fmt(cpu.get('engine'), '.2f')} |")
     lines += [f"{r['variant']}: {(r.get('steady') or {}).get('verdict', '-')}" for r in rows]
     return "\n".join(lines)

@@ -36,8 +36,8 @@ class StageKeys:
 
 _PLANNING = ("planning.model_family", "planning.fps", "planning.min_frames", "planning.max_frames",
              "planning.min_pixels", "planning.max_pixels", "planning.tokenizer", "planning.over_limit",
-             "planning.max_duration_s", "planning.decode", "planning.transcode.enabled", "planning.transcode.media_dir",
-             "planning.transcode.crf", "results")
+             "planning.max_duration_s", "planning.decode", "planning.transcode.enabled",
+             "planning.transcode.media_dir", "planning.transcode.crf", "results")
 # What every model is asked, and under which limits the plan must fit (shared by all models).
 _PROMPT = ("classify.prompt_template", "classify.questions", "classify.max_model_len",
            "classify.max_num_batched_tokens", "classify.max_tokens")

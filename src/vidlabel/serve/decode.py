@@ -93,10 +93,9 @@ def with_backend(argv: list[str], name: str) -> list[str]:
     except json.JSONDecodeError as exc:
         raise ValueError(f"the server command's {MEDIA_IO_FLAG} is not JSON ({exc}): {value!r}") from None
     video = dict(kwargs.get("video") or {})
-    for key in ("video_backend",):  # would swap Qwen2-VL's frame sampler for the uniform one
-        if key in video:
-            raise ValueError(f"the server command's {MEDIA_IO_FLAG} sets video.{key}: that replaces the "
-                             "model's frame sampler; remove it and choose the decoder with planning.decode")
+    if "video_backend" in video:  # would swap Qwen2-VL's frame sampler for the uniform one
+        raise ValueError(f"the server command's {MEDIA_IO_FLAG} sets video.video_backend: that replaces the "
+                         "model's frame sampler; remove it and choose the decoder with planning.decode")
     video["backend"] = name
     text = json.dumps({**kwargs, "video": video}, separators=(",", ":"))
     out = list(argv)
@@ -276,15 +275,6 @@ REQUIREMENTS = {
         "shared libraries (libavcodec, libavformat, ...) where it can load them (e.g. the distribution's "
         "ffmpeg package, or `conda install ffmpeg`), or set planning.decode: cpu"),
 }
-_HINTS = (
-    ("no module named 'pynvvideocodec'", "pynvvideocodec"),
-    ("pynvvideocodec", "pynvvideocodec"),
-    ("no module named 'torchcodec'", "torchcodec"),
-    ("please install vllm[", None),  # vLLM's placeholder import error: names the extra itself
-    ("could not load libtorchcodec", "torchcodec"),
-)
-
-
 def install_hint(message: str) -> str | None:
     """What to install, for a server error message that says a decoder's module is missing (the
     probable cause of a job whose every request fails with it), or None for any other message.
@@ -293,14 +283,14 @@ def install_hint(message: str) -> str | None:
     True
     """
     text = (message or "").lower()
-    if "no module named" not in text and "could not load libtorchcodec" not in text and "please install" not in text:
-        return None
-    for needle, name in _HINTS:
-        if needle in text:
-            if name is None:
-                return (f"the server lacks an optional dependency: {message.strip()[:200]} (install it into the "
-                        "server's own Python, or set planning.decode: cpu)")
-            return REQUIREMENTS[name].install
+    missing = "no module named" in text
+    if missing and "pynvvideocodec" in text:
+        return REQUIREMENTS["pynvvideocodec"].install
+    if (missing and "torchcodec" in text) or "could not load libtorchcodec" in text:
+        return REQUIREMENTS["torchcodec"].install
+    if "please install vllm[" in text:  # vLLM's placeholder module names the optional extra itself
+        return (f"the server lacks an optional dependency: {message.strip()[:200]} (install it into the "
+                "server's own Python, or set planning.decode: cpu)")
     return None
 
 

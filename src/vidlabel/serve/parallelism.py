@@ -19,8 +19,10 @@ Inputs, each logged with the decision:
 - KV cache per token: 2 x layers x KV heads x head size x dtype bytes.
 - Quantization: ``classify.quantization`` (or a ``--quantization`` flag in the server command or
   ``classify.server_args``) on a checkpoint that is not quantized already (no ``quantization_config``
-  in its config.json) stores the weights at the method's width (``QUANTIZED_BYTES``: fp8 one byte per parameter, so Qwen2.5-VL-72B
-  fits one H200); a ``--kv-cache-dtype fp8`` halves the KV cache. Layers vLLM leaves unquantized
+  in its config.json) stores the weights at the method's width (``QUANTIZED_BYTES``: fp8 one byte
+  per parameter, so Qwen2.5-VL-72B fits one H200); a ``--kv-cache-dtype fp8`` halves the KV cache.
+- GPU decoding (``planning.decode: gpu``) takes memory per API server from every GPU of a copy
+  (``vidlabel.serve.decode.gpu_reserve_gib``). Layers vLLM leaves unquantized
   (embeddings, the vision tower: about 4 % of the 72B) fit inside the overhead.
 
 When memory or the model's size is unknown, ``auto`` uses every GPU for one copy (the safe layout for
