@@ -476,7 +476,7 @@ def variant_config(args, name: str) -> tuple[str, dict]:
     """(media mode, config) of a variant name such as ``api1-transcoded``."""
     words = name.split("@", 1)[0].split("-")  # what follows @ only names the run
     mode = "transcoded" if "transcoded" in words else "raw"
-    decoder = next((w for w in words if re.fullmatch(r"dec(gpu|torchcodec)", w)), None)
+    decoder = next((w for w in words if re.fullmatch(r"dec(cpu|gpu|torchcodec)", w)), None)
     if decoder:
         mode = f"{mode}-{decoder}"
     config = base_config(args, mode)

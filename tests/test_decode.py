@@ -40,7 +40,8 @@ def test_the_backend_is_merged_into_the_media_io_kwargs_keeping_fps():
     assert media_io(argv(cfg("torchcodec"))) == {"video": {"fps": 2, "backend": "torchcodec"}}
     # The default decoder adds nothing: the command is the one vidlabel ran before the choice existed.
     assert media_io(argv(cfg("cpu"))) == {"video": {"fps": 2}}
-    assert argv(cfg("cpu")) == argv(cfg()) == argv(cfg("auto"))
+    # auto is the measured choice, and the default.
+    assert argv(cfg(decode.AUTO_DECODE)) == argv(cfg()) == argv(cfg("auto"))
     assert decode.AUTO_DECODE in decode.CHOICES and cfg()["planning"]["decode"] == decode.AUTO_DECODE
 
 
@@ -58,22 +59,23 @@ def test_merging_keeps_other_keys_and_adds_the_flag_where_there_is_none():
 
 
 def test_decoder_and_quantization_are_in_every_answers_identity():
-    base, gpu, auto = cfg("cpu"), cfg("gpu"), cfg("auto")
-    fp8 = cfg("cpu", quantization="fp8")
+    configs = {c: cfg(c) for c in (*decode.CHOICES, "auto")}
+    configs["fp8"] = cfg("cpu", quantization="fp8")
     # The classify stage's fingerprint (the rule's params): planning and server keys are in it.
-    fingerprints = {name: stage_settings.fingerprint(c, "classify")
-                    for name, c in {"cpu": base, "gpu": gpu, "auto": auto, "fp8": fp8}.items()}
-    assert fingerprints["cpu"] == fingerprints["auto"]  # auto is resolved before fingerprints are taken
-    assert len({fingerprints["cpu"], fingerprints["gpu"], fingerprints["fp8"]}) == 3
+    fingerprints = {name: stage_settings.fingerprint(c, "classify") for name, c in configs.items()}
+    # auto is resolved before fingerprints are taken: the same answers as the choice it stands for.
+    assert fingerprints["auto"] == fingerprints[decode.AUTO_DECODE]
+    assert len({fingerprints[k] for k in (*decode.CHOICES, "fp8")}) == 4
     for stage in ("transcode", "manifest"):  # the decoder decides which posts are transcoded
-        assert stage_settings.fingerprint(base, stage) != stage_settings.fingerprint(gpu, stage)
+        assert stage_settings.fingerprint(configs["cpu"], stage) != stage_settings.fingerprint(configs["gpu"], stage)
     # And the request fingerprint a journaled answer is reused under.
     row = {"request_id": "r", "post_id": "p", "media_path": "/nonexistent.mp4", "prompt": "x",
            "est_prompt_tokens": 10}
     prints = {name: request_fingerprint(ClientSettings.from_config(c), answer_settings(c), row)
-              for name, c in {"cpu": base, "gpu": gpu, "auto": auto, "fp8": fp8}.items()}
-    assert prints["cpu"] == prints["auto"] and len({prints["cpu"], prints["gpu"], prints["fp8"]}) == 3
-    assert "--quantization" in answer_settings(fp8)["command"]
+              for name, c in configs.items()}
+    assert prints["auto"] == prints[decode.AUTO_DECODE]
+    assert len({prints[k] for k in (*decode.CHOICES, "fp8")}) == 4
+    assert "--quantization" in answer_settings(configs["fp8"])["command"]
 
 
 def test_quantization_goes_into_the_command_and_may_differ_per_model():

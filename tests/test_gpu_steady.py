@@ -34,9 +34,10 @@ def test_steady_state_benchmark_on_the_standin(tmp_path, capsys):
     work = tmp_path / "work"
     common = ["--workdir", str(work), "--posts", str(table), "--media-root", str(media), "--standin"]
     slow = ["--standin-args", "--slots 2 --latency 0.25"]  # 2 running, the rest waiting: a queue forms
-    assert gpu_steady.main([*common, *slow, "--variants", "default", "--min-requests", "20"]) == 0
+    # deccpu: OpenCV whatever `auto` stands for (the stand-in cannot import a GPU decoder).
+    assert gpu_steady.main([*common, *slow, "--variants", "deccpu", "--min-requests", "20"]) == 0
     printed = capsys.readouterr().out
-    row = next(r for r in json.loads((work / "gpu_classify.json").read_text()) if r["variant"] == "default")
+    row = next(r for r in json.loads((work / "gpu_classify.json").read_text()) if r["variant"] == "deccpu")
     s = row["steady"]
     assert row["requests"] == 30 and row["by_kind"] == {"ok": 30} and not row["stopped_by_time_limit"]
     # The middle 80 % of completions, with the ramp and drain apart.
@@ -48,11 +49,11 @@ def test_steady_state_benchmark_on_the_standin(tmp_path, capsys):
     assert s["cpu_s_per_answer"]["api"] >= s["cpu_s_per_answer"]["api_main_thread"] > 0
     assert s["replay"]["decoded_files"] == 2 and s["replay"]["decode_cpu_s_per_answer"] > 0
     assert s["cpus"] == len(os.sched_getaffinity(0)) and s["decode"] == "cpu"
-    assert "| default |" in printed and "default: " in printed
+    assert "| deccpu |" in printed and "deccpu: " in printed
     # The pilot's projection next to this measured job, in the same workdir.
-    assert gpu_classify.main(["estimate", *common, "--variant", "default", "--pilot-size", "8"]) == 0
-    line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("estimate (default)")][-1]
-    assert "measured job (default, 30 requests)" in line and "projected / measured" in line
+    assert gpu_classify.main(["estimate", *common, "--variant", "deccpu", "--pilot-size", "8"]) == 0
+    line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("estimate (deccpu)")][-1]
+    assert "measured job (deccpu, 30 requests)" in line and "projected / measured" in line
 
 
 def test_window_cpu_split_and_verdict_on_recorded_samples():
