@@ -54,8 +54,9 @@ def test_merging_keeps_other_keys_and_adds_the_flag_where_there_is_none():
         "--media-io-kwargs", '{"video":{"backend":"pynvvideocodec"}}']
     with pytest.raises(ValueError, match="video_backend"):  # would swap Qwen2-VL's sampler
         decode.with_backend(["vllm", "--media-io-kwargs", '{"video":{"video_backend":"opencv"}}'], "torchcodec")
-    with pytest.raises(ServerError, match="video_backend"):
-        argv(cfg("gpu", server_args="--media-io-kwargs '{\"video\":{\"video_backend\":\"x\"}}'"))
+    for choice in ("gpu", "cpu"):
+        with pytest.raises(ServerError, match="video_backend"):
+            argv(cfg(choice, server_args="--media-io-kwargs '{\"video\":{\"video_backend\":\"x\"}}'"))
 
 
 def test_decoder_and_quantization_are_in_every_answers_identity():

@@ -85,17 +85,17 @@ def _flag_value(argv: list[str], flag: str) -> tuple[int, str | None, bool]:
 def with_backend(argv: list[str], name: str) -> list[str]:
     """``argv`` with ``name`` merged into the video part of its ``--media-io-kwargs`` (fps and any other
     key kept), or the flag added when there is none. The default backend leaves ``argv`` as it is."""
-    if name == DEFAULT_BACKEND:
-        return list(argv)
     i, value, joined = _flag_value(argv, MEDIA_IO_FLAG)
     try:
         kwargs = json.loads(value) if value is not None else {}
     except json.JSONDecodeError as exc:
         raise ValueError(f"the server command's {MEDIA_IO_FLAG} is not JSON ({exc}): {value!r}") from None
-    video = dict(kwargs.get("video") or {})
-    if "video_backend" in video:  # would swap Qwen2-VL's frame sampler for the uniform one
+    video = dict((kwargs.get("video") if isinstance(kwargs, dict) else None) or {})
+    if "video_backend" in video:  # would swap Qwen2-VL's frame sampler (and so the token estimates)
         raise ValueError(f"the server command's {MEDIA_IO_FLAG} sets video.video_backend: that replaces the "
                          "model's frame sampler; remove it and choose the decoder with planning.decode")
+    if name == DEFAULT_BACKEND:
+        return list(argv)
     video["backend"] = name
     text = json.dumps({**kwargs, "video": video}, separators=(",", ":"))
     out = list(argv)
