@@ -58,6 +58,7 @@ import concurrent.futures as cf
 import json
 import logging
 import math
+import multiprocessing
 import os
 import random
 import re
@@ -269,7 +270,9 @@ def decode_cost(paths: list[str], jobs: int) -> dict | None:
             unique.setdefault(os.stat(p).st_ino, p)
         except OSError:
             continue
-    with cf.ProcessPoolExecutor(max_workers=jobs) as pool:
+    # spawn, not fork: a forked child of a process with threads (a test session, the steady-state
+    # samplers) can hang on a lock one of those threads held.
+    with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         results = list(pool.map(vllm_decode_cpu, unique.values()))
     cpu = sum(r[0] for r in results)
     video = sum(r[1] for r in results)
