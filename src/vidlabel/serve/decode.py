@@ -71,21 +71,23 @@ def backend(config: Mapping) -> str:
 
 # ----------------------------------------------------------------------------------- the command
 
-def _flag_value(argv: list[str], flag: str) -> tuple[int, str | None, bool]:
-    """(position of the last ``flag``, its value, whether written ``flag=value``); (-1, None, False)."""
+def flag_value(argv: list[str], *names: str) -> tuple[int, str | None, bool]:
+    """Where the last of ``names`` stands in a command line: (its position, its value, whether written
+    ``name=value``); (-1, None, False) when absent."""
     found = (-1, None, False)
     for i, word in enumerate(argv):
-        if word == flag and i + 1 < len(argv):
-            found = (i, argv[i + 1], False)
-        elif word.startswith(flag + "="):
-            found = (i, word.split("=", 1)[1], True)
+        for name in names:
+            if word == name and i + 1 < len(argv):
+                found = (i, argv[i + 1], False)
+            elif word.startswith(name + "="):
+                found = (i, word.split("=", 1)[1], True)
     return found
 
 
 def with_backend(argv: list[str], name: str) -> list[str]:
     """``argv`` with ``name`` merged into the video part of its ``--media-io-kwargs`` (fps and any other
     key kept), or the flag added when there is none. The default backend leaves ``argv`` as it is."""
-    i, value, joined = _flag_value(argv, MEDIA_IO_FLAG)
+    i, value, joined = flag_value(argv, MEDIA_IO_FLAG)
     try:
         kwargs = json.loads(value) if value is not None else {}
     except json.JSONDecodeError as exc:
@@ -110,7 +112,7 @@ def with_backend(argv: list[str], name: str) -> list[str]:
 
 def command_backend(argv: list[str]) -> str:
     """The codec backend a server command asks for (vLLM's default when it names none)."""
-    _, value, _ = _flag_value(argv, MEDIA_IO_FLAG)
+    _, value, _ = flag_value(argv, MEDIA_IO_FLAG)
     try:
         video = (json.loads(value) if value else {}).get("video") or {}
     except (json.JSONDecodeError, AttributeError):

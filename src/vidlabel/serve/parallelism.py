@@ -42,7 +42,7 @@ import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from vidlabel.serve import decode
+from vidlabel.serve import decode, quantization
 
 log = logging.getLogger(__name__)
 
@@ -217,20 +217,13 @@ def server_flag(config: dict, *names: str) -> str | None:
         words = shlex.split(c["server_command"]) + shlex.split(c["server_args"])
     except ValueError:  # the server start reports the bad quoting with its key
         return None
-    value = None
-    for i, word in enumerate(words):
-        for name in names:
-            if word == name and i + 1 < len(words):
-                value = words[i + 1]
-            elif word.startswith(name + "="):
-                value = word.split("=", 1)[1]
-    return value
+    return decode.flag_value(words, *names)[1]
 
 
 def served_footprint(config: dict, footprint: ModelFootprint) -> ModelFootprint:
     """``footprint`` as the server stores it: weights at the width of ``classify.quantization`` (or of a
     --quantization in the server command), KV at --kv-cache-dtype."""
-    method = config["classify"].get("quantization") or server_flag(config, "--quantization", "-q")
+    method = config["classify"].get("quantization") or server_flag(config, *quantization.FLAG_ALIASES)
     kv_dtype = server_flag(config, "--kv-cache-dtype")
     weights, kv, notes = footprint.weight_bytes, footprint.kv_bytes_per_token, []
     if method in QUANTIZED_BYTES and not footprint.prequantized:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from vidlabel.serve.decode import flag_value
+
 FLAG = "--quantization"
 FLAG_ALIASES = ("--quantization", "-q")
 
@@ -20,24 +22,13 @@ class QuantizationConflict(ValueError):
     """``classify.quantization`` and a ``--quantization`` in the server command disagree."""
 
 
-def _in_argv(argv: list[str]) -> str | None:
-    value = None
-    for i, word in enumerate(argv):
-        for name in FLAG_ALIASES:
-            if word == name and i + 1 < len(argv):
-                value = argv[i + 1]
-            elif word.startswith(name + "="):
-                value = word.split("=", 1)[1]
-    return value
-
-
 def with_flag(argv: list[str], config: Mapping) -> list[str]:
     """``argv`` with ``--quantization METHOD`` for ``classify.quantization`` (appended, like
     ``classify.server_args``); unchanged when it is null or the command already says the same."""
     method = config["classify"].get("quantization")
     if not method:
         return list(argv)
-    present = _in_argv(argv)
+    present = flag_value(argv, *FLAG_ALIASES)[1]
     if present == method:
         return list(argv)
     if present is not None:
