@@ -17,10 +17,12 @@ Inputs, each logged with the decision:
   The files are looked up in the model directory (``classify.model`` as a local path) or in the
   Hugging Face cache; without them a size in the model name ("72B") is the last resort.
 - KV cache per token: 2 x layers x KV heads x head size x dtype bytes.
-- Quantization: a ``--quantization`` flag in the server command or ``classify.server_args`` on a
-  checkpoint that is not quantized already (no ``quantization_config`` in its config.json) stores the
-  weights at the method's width (``QUANTIZED_BYTES``: fp8 one byte per parameter, so Qwen2.5-VL-72B
-  fits one H200); a ``--kv-cache-dtype fp8`` halves the KV cache. Layers vLLM leaves unquantized
+- Quantization: ``classify.quantization`` (or a ``--quantization`` flag in the server command or
+  ``classify.server_args``) on a checkpoint that is not quantized already (no ``quantization_config``
+  in its config.json) stores the weights at the method's width (``QUANTIZED_BYTES``: fp8 one byte
+  per parameter, so Qwen2.5-VL-72B fits one H200); a ``--kv-cache-dtype fp8`` halves the KV cache.
+- GPU decoding (``planning.decode: gpu``) takes memory per API server from every GPU of a copy
+  (``vidlabel.serve.decode.gpu_reserve_gib``). Layers vLLM leaves unquantized
   (embeddings, the vision tower: about 4 % of the 72B) fit inside the overhead.
 
 When memory or the model's size is unknown, ``auto`` uses every GPU for one copy (the safe layout for
@@ -39,6 +41,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+from vidlabel.serve import decode, quantization
 
 log = logging.getLogger(__name__)
 
@@ -213,19 +217,13 @@ def server_flag(config: dict, *names: str) -> str | None:
         words = shlex.split(c["server_command"]) + shlex.split(c["server_args"])
     except ValueError:  # the server start reports the bad quoting with its key
         return None
-    value = None
-    for i, word in enumerate(words):
-        for name in names:
-            if word == name and i + 1 < len(words):
-                value = words[i + 1]
-            elif word.startswith(name + "="):
-                value = word.split("=", 1)[1]
-    return value
+    return decode.flag_value(words, *names)[1]
 
 
 def served_footprint(config: dict, footprint: ModelFootprint) -> ModelFootprint:
-    """``footprint`` as the server stores it: weights at the --quantization width, KV at --kv-cache-dtype."""
-    method = server_flag(config, "--quantization", "-q")
+    """``footprint`` as the server stores it: weights at the width of ``classify.quantization`` (or of a
+    --quantization in the server command), KV at --kv-cache-dtype."""
+    method = config["classify"].get("quantization") or server_flag(config, *quantization.FLAG_ALIASES)
     kv_dtype = server_flag(config, "--kv-cache-dtype")
     weights, kv, notes = footprint.weight_bytes, footprint.kv_bytes_per_token, []
     if method in QUANTIZED_BYTES and not footprint.prequantized:
@@ -242,10 +240,12 @@ def served_footprint(config: dict, footprint: ModelFootprint) -> ModelFootprint:
 
 # ------------------------------------------------------------------------------- the choice
 
-def fits(footprint: ModelFootprint, tensor: int, memory_gib: float, utilization: float, request_tokens: int) -> bool:
-    """Whether one copy at this tensor-parallel size holds its weights and one largest request."""
+def fits(footprint: ModelFootprint, tensor: int, memory_gib: float, utilization: float, request_tokens: int,
+         reserve_gib: float = 0.0) -> bool:
+    """Whether one copy at this tensor-parallel size holds its weights and one largest request, next to
+    ``reserve_gib`` per GPU that the server sets aside for something else (GPU video decoding)."""
     kv = 0.0 if math.isnan(footprint.kv_bytes_per_token) else footprint.kv_bytes_per_token * request_tokens
-    per_gpu = (footprint.weight_bytes + kv) / tensor / GIB + OVERHEAD_GIB
+    per_gpu = (footprint.weight_bytes + kv) / tensor / GIB + OVERHEAD_GIB + reserve_gib
     return per_gpu <= memory_gib * utilization
 
 
@@ -282,8 +282,13 @@ def choose_layout(config: dict, largest_request_tokens: int, environ=os.environ,
     kv = ("KV size unknown" if math.isnan(footprint.kv_bytes_per_token)
           else f"KV {footprint.kv_bytes_per_token / 1024:.0f} KiB/token")
     weights = f"weights {footprint.weight_bytes / GIB:.1f} GiB, {kv} ({footprint.source})"
+    # GPU decoding takes memory per API server from every GPU of a copy (at most 8 API servers:
+    # vidlabel.serve.server.MAX_API_SERVERS, unless classify.api_server_count says otherwise).
+    reserve = decode.gpu_reserve_gib(config, c["api_server_count"] or 8)
+    if reserve:
+        weights += f"; GPU decoding {reserve:.1f} GiB per GPU"
     for tensor in candidates:
-        if fits(footprint, tensor, memory, c["gpu_memory_utilization"], largest_request_tokens):
+        if fits(footprint, tensor, memory, c["gpu_memory_utilization"], largest_request_tokens, reserve):
             return Layout(tensor, n // tensor, ids,
                           f"auto: tensor {tensor} x data {n // tensor} (smallest tensor-parallel size that fits); "
                           f"{weights}; {inputs}", held=len(gpus))

@@ -32,6 +32,7 @@ from typing import Callable
 import httpx
 
 from vidlabel.prepare.planning import allowed_media_path
+from vidlabel.serve import decode, quantization
 from vidlabel.serve.error_kinds import fatal_error, response_message
 from vidlabel.serve.parallelism import Layout, choose_layout, granted_gpus
 
@@ -214,7 +215,12 @@ def _fill_command(config: dict, per_job: dict) -> list[str]:
         extra = shlex.split(cls["server_args"])
     except ValueError as exc:
         raise ServerError(f"config key 'classify.server_args': {exc}") from None
-    return shlex.split(text) + extra
+    # planning.decode and classify.quantization (vidlabel.serve.decode, vidlabel.serve.quantization).
+    try:
+        argv = decode.with_backend(shlex.split(text) + extra, decode.backend(config))
+        return quantization.with_flag(argv, config)
+    except ValueError as exc:
+        raise ServerError(str(exc)) from None
 
 
 def log_tail(path: str | Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -406,6 +412,10 @@ class ServerGroup:
         self.servers = [VLLMServer(config, c.log_path, copy=c, api_key=key) for c in copies]
 
     def start(self) -> "ServerGroup":
+        first = self.servers[0]  # the decoder the command asks for, importable where the server runs?
+        problem = decode.preflight(first.argv, server_environment(first.api_key, first.copy, os.environ))
+        if problem:
+            raise ServerError(problem)
         try:
             for server in self.servers:
                 server.start()
