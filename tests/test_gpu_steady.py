@@ -33,7 +33,9 @@ def test_steady_state_benchmark_on_the_standin(tmp_path, capsys):
     table, media = posts(tmp_path, 30)
     work = tmp_path / "work"
     common = ["--workdir", str(work), "--posts", str(table), "--media-root", str(media), "--standin"]
-    slow = ["--standin-args", "--slots 2 --latency 0.25"]  # 2 running, the rest waiting: a queue forms
+    # 2 running, the rest waiting: a queue forms; ~7 s of window, so that the per-thread CPU (10 ms ticks in
+    # /proc) of the stand-in's main thread is well above zero.
+    slow = ["--standin-args", "--slots 2 --latency 0.5"]
     # deccpu: OpenCV whatever `auto` stands for (the stand-in cannot import a GPU decoder).
     assert gpu_steady.main([*common, *slow, "--variants", "deccpu", "--min-requests", "20"]) == 0
     printed = capsys.readouterr().out
