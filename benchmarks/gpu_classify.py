@@ -27,7 +27,8 @@ instead, to try the script without a GPU). Steps:
              dash-joined words: ``default``, ``transcoded``, ``apiN`` (API servers), ``concN`` (client
              concurrency per copy), ``tpN`` / ``dpN`` (tensor or data parallel instead of ``auto``),
              ``dpvllm`` (copies served by vLLM's --data-parallel-size), ``eager`` (--enforce-eager),
-             ``mbtN`` (--max-num-batched-tokens N), ``lpN`` (classify.top_logprobs N; lp0: none); ``@anything`` at the end only names the run
+             ``mbtN`` (--max-num-batched-tokens N), ``lpN`` (classify.top_logprobs N; lp0: none), ``decgpu`` /
+             ``dectorchcodec`` / ``deccpu`` (planning.decode), ``fp8`` (classify.quantization); ``@anything`` at the end only names the run
              (``default-@72b-4gpu``). A rerun of the same workdir resumes unfinished variants from
              their journals and skips finished ones.
 ``estimate`` ``vidlabel.serve.estimate.run`` (the pilot and projection of ``snakemake estimate``) on the
@@ -57,6 +58,7 @@ import concurrent.futures as cf
 import json
 import logging
 import math
+import multiprocessing
 import os
 import random
 import re
@@ -184,6 +186,9 @@ def format_specs() -> dict[str, dict]:
         "one-frame": dict(ext="mp4", frames=1, args=[*h264]),
         "no-audio": dict(ext="mp4", args=[*h264]),
         "mpeg4-avi": dict(ext="avi", args=["-c:v", "mpeg4", "-b:v", "2000k", "-c:a", "aac", "-b:a", "96k"]),
+        # A clip cut without re-encoding, as phone editors and platforms trim: an MP4 edit list whose
+        # header still counts the frames before the cut, which the decoder drops.
+        "edit-list": dict(ext="mp4", cut_copy=1.3, args=[*h264]),
     }
     av1 = av1_encoder()
     if av1:
@@ -212,6 +217,11 @@ def make_format(work: Path, media: Path, name: str, spec: dict, seed: int) -> Pa
         ffmpeg_run(["-i", tmp, "-c", "copy", "-metadata:s:v:0", f"rotate={spec['rotate']}", rotated], path.name)
         tmp.unlink()
         tmp = rotated
+    if spec.get("cut_copy"):
+        cut = path.with_name(f"{path.stem}.cut.{spec['ext']}")
+        ffmpeg_run(["-ss", spec["cut_copy"], "-i", tmp, "-c", "copy", cut], path.name)
+        tmp.unlink()
+        tmp = cut
     tmp.rename(path)
     return path
 
@@ -260,7 +270,9 @@ def decode_cost(paths: list[str], jobs: int) -> dict | None:
             unique.setdefault(os.stat(p).st_ino, p)
         except OSError:
             continue
-    with cf.ProcessPoolExecutor(max_workers=jobs) as pool:
+    # spawn, not fork: a forked child of a process with threads (a test session, the steady-state
+    # samplers) can hang on a lock one of those threads held.
+    with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         results = list(pool.map(vllm_decode_cpu, unique.values()))
     cpu = sum(r[0] for r in results)
     video = sum(r[1] for r in results)
@@ -410,9 +422,11 @@ def base_config(args, mode: str) -> dict:
         "results": str(work / f"data-{mode}"),
         "classify": {"model": args.model, "shards": 1, "server_args": args.server_args,
                      "startup_timeout_s": args.startup_timeout},
-        "planning": {"transcode": {"enabled": mode == "transcoded", "chunks": args.jobs,
+        "planning": {"transcode": {"enabled": mode.startswith("transcoded"), "chunks": args.jobs,
                                    "media_dir": str(work / f"transcoded-media-{mode}")},
-                     "tokenizer": args.tokenizer},
+                     "tokenizer": args.tokenizer,
+                     # raw-decgpu: raw media for a GPU-decoding server (planning.decode)
+                     "decode": mode.split("-dec", 1)[1] if "-dec" in mode else "auto"},
     }
     return vconfig.load(REPO / "config" / "config.yaml", overrides)
 
@@ -465,6 +479,9 @@ def variant_config(args, name: str) -> tuple[str, dict]:
     """(media mode, config) of a variant name such as ``api1-transcoded``."""
     words = name.split("@", 1)[0].split("-")  # what follows @ only names the run
     mode = "transcoded" if "transcoded" in words else "raw"
+    decoder = next((w for w in words if re.fullmatch(r"dec(cpu|gpu|torchcodec)", w)), None)
+    if decoder:
+        mode = f"{mode}-{decoder}"
     config = base_config(args, mode)
     c = config["classify"]
     for word in words:
@@ -484,6 +501,10 @@ def variant_config(args, name: str) -> tuple[str, dict]:
             c["data_parallel_backend"] = "vllm"
         elif word == "eager":
             c["server_args"] = f"{c['server_args']} --enforce-eager".strip()
+        elif re.fullmatch(r"dec(cpu|gpu|torchcodec)", word):
+            pass  # in the media mode: the decoder decides which posts the manifest transcodes
+        elif word == "fp8":
+            c["quantization"] = "fp8"
         elif word not in ("default", "transcoded", "raw", ""):
             raise SystemExit(f"unknown variant word {word!r} in {name!r}")
     return mode, config
@@ -525,6 +546,12 @@ class _GpuSampler(threading.Thread):
 
 
 def run_variant(args, name: str) -> dict:
+    return run_job(args, name)[0]
+
+
+def run_job(args, name: str, samplers=()) -> tuple[dict, list[dict], dict, list]:
+    """Run a variant's shard job; (summary row, its records, its config, its GPU samples). ``samplers`` (objects with
+    ``start()`` and ``stop()``, e.g. benchmarks/gpu_steady.py's) run alongside the job."""
     import pyarrow.parquet as pq
 
     from vidlabel.serve.classify import run_shard
@@ -539,16 +566,20 @@ def run_variant(args, name: str) -> dict:
         logging.getLogger(name_).addHandler(ready)
     gpu = _GpuSampler()
     gpu.start()
+    for sampler in samplers:
+        sampler.start()
     t0 = time.monotonic()
     error = None
     try:
         if not labels_path.exists():
             run_shard(config, shard, labels_path, out / "journal.jsonl", out / "server.log", 0)
-    except Exception as exc:  # reported, and the journal keeps what finished
+    except (Exception, KeyboardInterrupt) as exc:  # reported, and the journal keeps what finished
         error = f"{type(exc).__name__}: {exc}"[:500]
     finally:
         wall = time.monotonic() - t0
         gpu.stop.set()
+        for sampler in samplers:
+            sampler.stop()
         for name_ in ("vidlabel.serve.server", "vidlabel.serve.classify"):
             logging.getLogger(name_).removeHandler(ready)
     records = (pq.read_table(labels_path).to_pylist() if labels_path.exists()
@@ -557,7 +588,7 @@ def run_variant(args, name: str) -> dict:
     row = summarise(name, config, records, excluded, wall, ready.seconds, gpu.samples,
                     sorted(out.glob("server*.log")), error)
     row["layout"] = ready.layout
-    return row
+    return row, records, config, gpu.samples
 
 
 def summarise(name, config, records, excluded, wall, ready_s, gpu_samples, server_logs: list[Path], error) -> dict:
@@ -636,8 +667,9 @@ def use_standin(args) -> None:
         sys.path.insert(0, str(REPO / "tests"))
         from standin import vllm_shim
 
+        extra = getattr(args, "standin_args", "").split()  # later flags override the defaults
         shim = vllm_shim(Path(args.workdir) / "standin-bin", "--random-weights", "--slots", "16",
-                         "--prefill-tokens-per-s", "200000", "--latency", "0.05")
+                         "--prefill-tokens-per-s", "200000", "--latency", "0.05", *extra)
         os.environ["PATH"] = f"{shim.parent}{os.pathsep}{os.environ['PATH']}"
 
 
@@ -679,14 +711,19 @@ def estimate(args) -> int:
     results = Path(args.out) if args.out else Path(args.workdir) / "gpu_classify.json"
     measured = [r for r in (json.loads(results.read_text()) if results.exists() else [])
                 if r["variant"] == (args.compare or args.variant)]
-    if measured:
+    whole = result["projection"]["requests"]
+    if measured and (measured[0].get("stopped_by_time_limit") or measured[0]["requests"] < whole):
+        line += (f"; measured job ({measured[0]['variant']}) did not answer the whole shard "
+                 f"({measured[0]['requests']} of {result['projection']['requests']} requests): no comparison")
+    elif measured:
         job = measured[0]["wall_s"]
-        line += f"; measured job ({measured[0]['variant']}) {job:.0f} s: projected / measured {projected / job:.3f}"
+        line += (f"; measured job ({measured[0]['variant']}, {measured[0]['requests']} requests) {job:.0f} s: "
+                 f"projected / measured {projected / job:.3f}")
     print(line, flush=True)
     return 0
 
 
-def main() -> int:
+def main(argv=None) -> int:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -720,7 +757,7 @@ def main() -> int:
     e.add_argument("--variant", default="default", help="the server and media of this variant")
     e.add_argument("--pilot-size", type=int, default=128)
     e.add_argument("--compare", default=None, help="the measured variant to compare with (default: --variant)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.step == "media":
         make_media(args)
         return 0

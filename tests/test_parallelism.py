@@ -27,9 +27,10 @@ H200_GIB = 143771 / 1024  # nvidia-smi memory.total of an H200, MiB
 H100_80_GIB = 81559 / 1024
 
 
-def config(model: Path | str, memory_gib: float | None = None, **classify) -> ServeSettings:
+def config(model: Path | str, memory_gib: float | None = None, planning: dict | None = None,
+           **classify) -> ServeSettings:
     return ServeSettings.from_config(vconfig.validate({
-        "posts": "p.csv", "media_root": "/m", "results": "/m/results",
+        "posts": "p.csv", "media_root": "/m", "results": "/m/results", "planning": planning or {},
         "classify": {"model": str(model), "gpu_memory_gib": memory_gib, **classify}}))
 
 
@@ -98,6 +99,36 @@ def test_quantization_in_the_server_args_sizes_the_weights(server_args, tensor, 
         assert weights == pytest.approx(73.41e9 * bytes_per_parameter / GIB, rel=0.002)
     if "kv-cache-dtype" in server_args:
         assert "KV 160 KiB/token" in layout.reason  # 2 x 80 layers x 8 heads x 128 x 1 byte
+
+
+@pytest.mark.parametrize("n,memory,tensor,data", [
+    (1, H200_GIB, 1, 1),      # the 72B in FP8 (68 GiB) on one 141 GB H200
+    (2, H100_80_GIB, 2, 1),   # 68 GiB + a 32k-token request + overhead is over one 80 GB GPU
+    (4, H100_80_GIB, 2, 2),
+    (4, H200_GIB, 1, 4),      # four FP8 copies on a four-H200 node
+])
+def test_classify_quantization_fp8_lays_out_the_smallest_tensor_parallel_size_that_fits(n, memory, tensor, data):
+    cfg = config(QWEN_72B, memory, quantization="fp8")
+    layout = choose_layout(cfg, 32768, gpus(n))
+    assert (layout.tensor, layout.data) == (tensor, data), layout.reason
+    assert "--quantization fp8: 1 byte(s) per parameter" in layout.reason
+    # bf16 needs twice the tensor-parallel size on the same GPUs.
+    plain = choose_layout(config(QWEN_72B, memory), 32768, gpus(max(n, 4)))
+    assert plain.tensor == 2 * tensor or plain.tensor == 4, plain.reason
+
+
+def test_gpu_decoding_takes_its_memory_from_the_fit():
+    # 8 API servers decoding on the GPU hold 15.4 GiB of it: a 72B FP8 copy still fits one H200 ...
+    cfg = config(QWEN_72B, H200_GIB, planning={"decode": "gpu"}, quantization="fp8")
+    layout = choose_layout(cfg, 32768, gpus(1))
+    assert layout.tensor == 1 and "GPU decoding 15.4 GiB per GPU" in layout.reason, layout.reason
+    # ... but a GPU just large enough without decoding is not enough with it.
+    weights = 73.41e9 / GIB  # FP8: one byte per parameter
+    kv = 2 * 80 * 8 * 128 * 2 * 32768 / GIB
+    snug = (weights + kv + 4.0 + 1.0) / 0.9
+    assert choose_layout(config(QWEN_72B, snug, quantization="fp8"), 32768, gpus(2)).tensor == 1
+    assert choose_layout(config(QWEN_72B, snug, planning={"decode": "gpu"}, quantization="fp8"), 32768,
+                         gpus(2)).tensor == 2
 
 
 def test_a_checkpoint_quantized_already_is_not_shrunk_again(tmp_path):

@@ -11,6 +11,7 @@ import yaml
 
 from vidlabel.core import models
 from vidlabel.prepare.prompt import answer_max_tokens
+from vidlabel.serve.decode import resolve_choice
 
 REPO_SCHEMA = Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "config.schema.yaml"
 
@@ -148,6 +149,8 @@ def resolve_derived(config: dict[str, Any]) -> None:
         c["max_tokens"] = answer_max_tokens(c["questions"])
     if c["max_num_batched_tokens"] is None:
         c["max_num_batched_tokens"] = c["max_model_len"]
+    # `auto` is the measured choice: resolved here, so that fingerprints name the decoder itself.
+    config["planning"]["decode"] = resolve_choice(config["planning"]["decode"])
     c["models"] = models.resolve(c)
     chosen = config["label_sample"]["model"]
     if chosen is not None and chosen not in models.names(config):

@@ -19,7 +19,8 @@ import re
 from typing import Any, Mapping
 
 # classify keys an entry of classify.models may set for its model alone (the schema lists the same).
-MODEL_KEYS = ("model", "server_command", "server_args", "generation_config", "api_server_count", "parallelism",
+MODEL_KEYS = ("model", "server_command", "server_args", "generation_config", "quantization", "api_server_count",
+              "parallelism",
               "data_parallel_backend", "gpu_memory_gib", "gpu_memory_utilization", "max_num_seqs", "endpoints",
               "api_key_env", "concurrency", "startup_timeout_s", "top_logprobs")
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")

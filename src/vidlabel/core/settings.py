@@ -36,14 +36,15 @@ class StageKeys:
 
 _PLANNING = ("planning.model_family", "planning.fps", "planning.min_frames", "planning.max_frames",
              "planning.min_pixels", "planning.max_pixels", "planning.tokenizer", "planning.over_limit",
-             "planning.max_duration_s", "planning.transcode.enabled", "planning.transcode.media_dir",
-             "planning.transcode.crf", "results")
+             "planning.max_duration_s", "planning.decode", "planning.transcode.enabled",
+             "planning.transcode.media_dir", "planning.transcode.crf", "results")
 # What every model is asked, and under which limits the plan must fit (shared by all models).
 _PROMPT = ("classify.prompt_template", "classify.questions", "classify.max_model_len",
            "classify.max_num_batched_tokens", "classify.max_tokens")
 # What decides the answers besides the request body: the model, its server and generation settings.
-_SERVER = ("classify.model", "classify.server_command", "classify.server_args", "classify.generation_config",
-           "classify.temperature", "classify.top_logprobs", "classify.media_identity", "media_root")
+_SERVER = ("classify.model", "classify.server_command", "classify.server_args", "classify.quantization",
+           "classify.generation_config", "classify.temperature", "classify.top_logprobs", "classify.media_identity",
+           "media_root")
 _CLIENT = ("classify.concurrency", "classify.request_timeout_s", "classify.adaptive_deadline",
            "classify.deadline_floor_s", "classify.max_attempts", "classify.backoff_initial_s",
            "classify.backoff_max_s", "classify.health_interval_s", "classify.adaptive_concurrency")

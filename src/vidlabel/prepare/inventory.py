@@ -49,6 +49,11 @@ PROBE_SCHEMA = pa.schema(
         ("video_codec", pa.string()),
         ("has_audio", pa.bool_()),
         ("probe_error", pa.string()),
+        ("pix_fmt", pa.string()),
+        ("rotation", pa.int64()),
+        ("container", pa.string()),
+        ("header_frames", pa.int64()),
+        ("base_fps", pa.float64()),
     ]
 )
 BASE_COLUMNS = ("post_id", "source_path", "video_path", "caption")

@@ -61,7 +61,7 @@ SHARD_SCHEMA = pa.schema([
     ("plan", pa.string()),
 ])
 INVENTORY_COLUMNS = ("post_id", "video_path", "caption", "duration_s", "fps", "width", "height", "video_codec",
-                     "probe_error")
+                     "probe_error", "pix_fmt", "rotation", "container", "header_frames", "base_fps")
 TEXT_BATCH = 131072
 EXCLUDED_SCHEMA = pa.schema([
     ("post_id", pa.string()),
@@ -238,11 +238,14 @@ def build(config: dict, inventory_path, transcript_paths, transcode_paths, shard
 
     text_tokens = prompt_text_tokens(config, caption, transcript, available)
 
-    # The codec decides whether the server can decode the file at all (planning.SERVER_CODECS).
-    codecs = ok.column("video_codec").to_pylist() if "video_codec" in ok.column_names else None
+    # The codec and format decide whether the server's decoder reads the file as it is
+    # (planning.SERVER_CODECS, vidlabel.serve.decode.unreadable).
     plan = planning.plan_posts(config, num["duration_s"], num["fps"], num["width"], num["height"], text_tokens,
-                               codecs)
+                               formats=planning.formats_from_table(ok))
     action = plan.action
+    unread = Counter(re.sub(r"\d+(\.\d+)?", "N", str(p)) for p in plan.plan if str(p).startswith("transcode to"))
+    for why, count in unread.most_common():
+        log.info("manifest: %d post(s) planned for the transcode: %s", count, why)
     plan_str = plan.plan.copy()
     visual = plan.visual_tokens.copy()
 

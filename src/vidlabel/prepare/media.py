@@ -30,6 +30,11 @@ PROBE_FIELDS = (
     "video_codec",
     "has_audio",
     "probe_error",
+    "pix_fmt",
+    "rotation",
+    "container",
+    "header_frames",
+    "base_fps",
 )
 
 
@@ -51,6 +56,12 @@ def _empty_probe() -> dict[str, Any]:
         "video_codec": None,
         "has_audio": None,  # unknown until the container opens
         "probe_error": None,
+        # What the server's decoder choice depends on (vidlabel.serve.decode.unreadable).
+        "pix_fmt": None,
+        "rotation": None,
+        "container": None,
+        "header_frames": None,
+        "base_fps": None,
     }
 
 
@@ -84,9 +95,13 @@ def probe(path: str | os.PathLike) -> dict[str, Any]:
 
     Returns size_bytes, duration_s, fps, width, height (display orientation: a 90/270 degree
     display matrix swaps them, as phones record portrait video), video_codec (the codec's own
-    name: h264, hevc, vp9, av1, ...), has_audio and
+    name: h264, hevc, vp9, av1, ...), has_audio,
     probe_error (None, or a readable reason for a missing, empty, truncated, corrupt or
-    non-video file). Never raises.
+    non-video file), and what decides which server decoder reads the file as it is: pix_fmt
+    (``yuv420p``, ``yuv444p``, ``yuv420p10le``, ...), rotation (degrees of the display matrix),
+    container (FFmpeg's format name, e.g. ``mov,mp4,m4a,3gp,3g2,mj2``), header_frames (the frame count
+    the container header states, 0 when it states none) and base_fps (the stream's base frame rate;
+    it differs from ``fps``, the average, at a variable frame rate). Never raises.
     """
     path = os.fspath(path)
     info = _empty_probe()
@@ -148,6 +163,10 @@ def _fill_from_container(container, info: dict[str, Any]) -> None:
     info["video_codec"] = _codec_name(stream)
     rate = stream.average_rate or stream.guessed_rate
     info["fps"] = float(rate) if rate else None
+    info["container"] = container.format.name
+    info["header_frames"] = int(stream.frames or 0)
+    info["base_fps"] = float(stream.base_rate) if stream.base_rate else None
+    info["pix_fmt"] = stream.codec_context.pix_fmt
     if info["duration_s"] is None and stream.duration is not None and stream.time_base is not None:
         info["duration_s"] = float(stream.duration * stream.time_base)
     width, height = stream.width, stream.height
@@ -169,6 +188,7 @@ def _fill_from_container(container, info: dict[str, Any]) -> None:
     if frame.rotation in (90, -90, 270, -270):
         width, height = height, width
     info["width"], info["height"] = width, height
+    info["rotation"] = int(frame.rotation or 0)
 
 
 def _codec_name(stream) -> str:

@@ -19,7 +19,10 @@ yuv444p, in MP4, QuickTime, Matroska and WebM), while AV1 fails after the reques
 server. A post whose codec is not measured to decode, or whose file holds fewer frames than the
 model samples at least (``tokens.MIN_FILE_FRAMES``), is planned for its own transcode to H.264
 (action ``replan``, the reason in ``plan``) whether or not ``planning.transcode.enabled``; if the
-transcode fails too, the manifest excludes it (``transcode_error``) before any GPU time.
+transcode fails too, the manifest excludes it (``transcode_error``) before any GPU time. The same
+holds for what the decoder chosen with ``planning.decode`` cannot read, or would sample other frames
+of than the default decoder (``vidlabel.serve.decode.unreadable``: NVDEC and 10-bit or 4:4:4 H.264,
+a scanning decoder and variable frame rates, ...).
 
 Shards. Requests go to shards by longest-processing-time greedy on ``est_prompt_tokens``
 (largest first, ties by request_id; each to the currently lightest shard, ties by index): the
@@ -52,6 +55,7 @@ import pyarrow as pa
 from vidlabel.core.io import write_text
 from vidlabel.prepare import tokens as tk
 from vidlabel.prepare.prompt import render_prompt
+from vidlabel.serve import decode
 
 SERVER_TOKENS_PER_S = 5080.0  # seed 000: prompt+completion tokens/s per 4-GPU instance
 COMPLETION_TOKENS_PER_QUESTION = 8
@@ -263,9 +267,27 @@ def transcode_target(config: dict, fps, max_pixels, width, height, source_fps, d
     return out_fps, tw, th
 
 
-def plan_posts(config: dict, duration_s, source_fps, width, height, text_tokens, video_codec=None) -> Plan:
+def formats_from_table(table: pa.Table) -> decode.Formats:
+    """The decoder-relevant inventory columns of ``table`` (None for a column it lacks)."""
+    def column(name):
+        if name not in table.column_names:
+            return None
+        return np.asarray(table.column(name).to_pylist(), dtype=object)
+
+    return decode.Formats(codec=column("video_codec") if "video_codec" in table.column_names
+                          else np.full(table.num_rows, None, dtype=object),
+                          pix_fmt=column("pix_fmt"), width=column("width"), height=column("height"),
+                          rotation=column("rotation"), container=column("container"),
+                          header_frames=column("header_frames"), fps=column("fps"), base_fps=column("base_fps"),
+                          duration_s=column("duration_s"))
+
+
+def plan_posts(config: dict, duration_s, source_fps, width, height, text_tokens, video_codec=None,
+               formats: decode.Formats | None = None) -> Plan:
     """Gate every post on the context and re-plan (or exclude) those that do not fit; plan a transcode
-    for the posts whose original file the server cannot read (``server_media_problem``)."""
+    for the posts whose original file the server cannot read (``server_media_problem``), or that the
+    chosen decoder cannot (``formats``: the inventory's columns, ``formats_from_table``; without them
+    only the codec is known, enough for the default decoder)."""
     c, p = config["classify"], config["planning"]
     s = tk.Sampling.from_config(config)
     d = np.nan_to_num(np.asarray(duration_s, dtype=np.float64), nan=0.0)
@@ -331,7 +353,12 @@ def plan_posts(config: dict, duration_s, source_fps, width, height, text_tokens,
             action[i] = "replan"
             plan[i] = f"replan: {', '.join(changes)} (visual tokens {int(base[i])}->{int(best[j])})"
             out_fps[i], out_px[i], out_d[i], visual[i] = f, px, dur, best[j]
-    problem = server_media_problem(video_codec, d, sf)
+    problem = server_media_problem(video_codec if formats is None else formats.codec, d, sf)
+    # The chosen decoder's own limits, on top of the default decoder's (planning.decode).
+    if formats is None:
+        formats = decode.Formats(codec=np.asarray(video_codec if video_codec is not None else [None] * n,
+                                                  dtype=object))
+    problem = np.where(problem == None, decode.unreadable(config, formats), problem)  # noqa: E711
     for i in np.flatnonzero(problem != None):  # noqa: E711 (elementwise)
         if action[i] == "as-is":
             action[i] = "replan"

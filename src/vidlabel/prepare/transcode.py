@@ -152,14 +152,13 @@ def run_chunk(config: dict, inventory_path, chunk: int, output_path, media_dir,
     n = posts.num_rows
     cols = {c: posts.column(c).to_pylist() for c in
             ("post_id", "video_path", "caption", "duration_s", "fps", "width", "height")}
-    codecs = posts.column("video_codec").to_pylist() if "video_codec" in posts.column_names else None
     if transcript_paths is not None:
         texts = read_transcripts(transcript_paths)
         text_tokens = planning.text_tokens_for(config, cols["caption"], [texts.get(x) for x in cols["post_id"]])
     else:
         text_tokens = planning.text_tokens_for(config, cols["caption"], None, cols["duration_s"])
     plan = planning.plan_posts(config, cols["duration_s"], _nan(cols["fps"]), cols["width"], cols["height"],
-                               text_tokens, codecs)
+                               text_tokens, formats=planning.formats_from_table(posts))
     out_fps, out_w, out_h = planning.transcode_target(config, plan.fps, plan.max_pixels,
                                                       np.asarray(cols["width"], float),
                                                       np.asarray(cols["height"], float), _nan(cols["fps"]),

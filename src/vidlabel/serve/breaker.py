@@ -39,6 +39,8 @@ from typing import TYPE_CHECKING, Callable
 if TYPE_CHECKING:
     from vidlabel.serve.settings import PlanSettings
 
+from vidlabel.serve import decode
+
 # This many distinct requests in a row failing with the same error, no answer in between: the server's
 # failure, not theirs.
 FAILURE_RUN = 12
@@ -53,9 +55,9 @@ _ENCODER_CACHE_SIZE = re.compile(r"encoder cache size \(?(\d[\d,]*)", re.IGNOREC
 _CONTEXT = re.compile(r"maximum context length is (\d[\d,]*)|maximum context length \((\d[\d,]*)\)"
                       r"|maximum model length of (\d[\d,]*)|\(context length (\d[\d,]*)\)", re.IGNORECASE)
 _NO_MODULE = re.compile(r"No module named '([\w.]+)'")
-# Python module -> the package that provides it (pip), where they differ or are worth naming.
-PACKAGES = {"PyNvVideoCodec": "pynvvideocodec", "torchcodec": "torchcodec", "cv2": "opencv-python-headless",
-            "av": "av", "decord": "decord"}
+# Python module -> the package that provides it (pip), where they differ; the decoders' own modules are
+# vidlabel.serve.decode's (install_hint).
+PACKAGES = {"cv2": "opencv-python-headless", "av": "av", "decord": "decord"}
 
 
 @dataclass(frozen=True)
@@ -127,6 +129,8 @@ def probable_cause(kind: str, http_status: int | None, message: str | None) -> s
     message = message or ""
     if kind in MEDIA_KINDS:
         return probable_media_cause(message)
+    if hint := decode.install_hint(message):  # a planning.decode backend the server's Python lacks
+        return f"the server's Python lacks the chosen video decoder: {hint}"
     if m := _NO_MODULE.search(message):
         module = m.group(1).split(".")[0]
         package = PACKAGES.get(module)

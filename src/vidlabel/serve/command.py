@@ -14,6 +14,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from vidlabel.serve import decode, quantization
 from vidlabel.serve.parallelism import Layout, choose_layout, granted_gpus
 from vidlabel.serve.settings import ServeSettings, ServerSettings
 
@@ -170,4 +171,9 @@ def _fill_command(server: ServerSettings, per_job: dict) -> list[str]:
         extra = shlex.split(server.args)
     except ValueError as exc:
         raise CommandError(f"config key 'classify.server_args': {exc}") from None
-    return shlex.split(text) + extra
+    # planning.decode and classify.quantization (vidlabel.serve.decode, vidlabel.serve.quantization).
+    try:
+        argv = decode.with_backend(shlex.split(text) + extra, server.decode_backend)
+        return quantization.with_flag(argv, server.quantization)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None

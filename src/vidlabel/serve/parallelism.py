@@ -17,10 +17,12 @@ Inputs, each logged with the decision:
   The files are looked up in the model directory (``classify.model`` as a local path) or in the
   Hugging Face cache; without them a size in the model name ("72B") is the last resort.
 - KV cache per token: 2 x layers x KV heads x head size x dtype bytes.
-- Quantization: a ``--quantization`` flag in the server command or ``classify.server_args`` on a
-  checkpoint that is not quantized already (no ``quantization_config`` in its config.json) stores the
-  weights at the method's width (``QUANTIZED_BYTES``: fp8 one byte per parameter, so Qwen2.5-VL-72B
-  fits one H200); a ``--kv-cache-dtype fp8`` halves the KV cache. Layers vLLM leaves unquantized
+- Quantization: ``classify.quantization`` (or a ``--quantization`` flag in the server command or
+  ``classify.server_args``) on a checkpoint that is not quantized already (no ``quantization_config``
+  in its config.json) stores the weights at the method's width (``QUANTIZED_BYTES``: fp8 one byte
+  per parameter, so Qwen2.5-VL-72B fits one H200); a ``--kv-cache-dtype fp8`` halves the KV cache.
+- GPU decoding (``planning.decode: gpu``) takes memory per API server from every GPU of a copy
+  (``vidlabel.serve.decode.gpu_reserve_gib``). Layers vLLM leaves unquantized
   (embeddings, the vision tower: about 4 % of the 72B) fit inside the overhead.
 
 When memory or the model's size is unknown, ``auto`` uses every GPU for one copy (the safe layout for
@@ -41,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vidlabel.core.identity import model_files
+from vidlabel.serve import decode, quantization
 
 if TYPE_CHECKING:
     from vidlabel.serve.settings import LayoutSettings, ServeSettings
@@ -201,19 +204,14 @@ def model_footprint(model: str) -> ModelFootprint | None:
 
 def server_flag(words: list[str], *names: str) -> str | None:
     """The value of the last of ``names`` in the server command plus ``classify.server_args``, if any."""
-    value = None
-    for i, word in enumerate(words):
-        for name in names:
-            if word == name and i + 1 < len(words):
-                value = words[i + 1]
-            elif word.startswith(name + "="):
-                value = word.split("=", 1)[1]
-    return value
+    return decode.flag_value(words, *names)[1]
 
 
-def served_footprint(words: list[str], footprint: ModelFootprint) -> ModelFootprint:
-    """``footprint`` as the server stores it: weights at the --quantization width, KV at --kv-cache-dtype."""
-    method = server_flag(words, "--quantization", "-q")
+def served_footprint(settings: ServeSettings, footprint: ModelFootprint) -> ModelFootprint:
+    """``footprint`` as the server stores it: weights at the width of ``classify.quantization`` (or of a
+    --quantization in the server command), KV at --kv-cache-dtype."""
+    words = settings.server.words
+    method = settings.server.quantization or server_flag(words, *quantization.FLAG_ALIASES)
     kv_dtype = server_flag(words, "--kv-cache-dtype")
     weights, kv, notes = footprint.weight_bytes, footprint.kv_bytes_per_token, []
     if method in QUANTIZED_BYTES and not footprint.prequantized:
@@ -230,10 +228,12 @@ def served_footprint(words: list[str], footprint: ModelFootprint) -> ModelFootpr
 
 # ------------------------------------------------------------------------------- the choice
 
-def fits(footprint: ModelFootprint, tensor: int, memory_gib: float, utilization: float, request_tokens: int) -> bool:
-    """Whether one copy at this tensor-parallel size holds its weights and one largest request."""
+def fits(footprint: ModelFootprint, tensor: int, memory_gib: float, utilization: float, request_tokens: int,
+         reserve_gib: float = 0.0) -> bool:
+    """Whether one copy at this tensor-parallel size holds its weights and one largest request, next to
+    ``reserve_gib`` per GPU that the server sets aside for something else (GPU video decoding)."""
     kv = 0.0 if math.isnan(footprint.kv_bytes_per_token) else footprint.kv_bytes_per_token * request_tokens
-    per_gpu = (footprint.weight_bytes + kv) / tensor / GIB + OVERHEAD_GIB
+    per_gpu = (footprint.weight_bytes + kv) / tensor / GIB + OVERHEAD_GIB + reserve_gib
     return per_gpu <= memory_gib * utilization
 
 
@@ -257,7 +257,7 @@ def choose_layout(settings: ServeSettings, largest_request_tokens: int, environ=
     memory, memory_source = gpu_memory_gib(c)
     footprint = footprint or model_footprint(settings.model)
     if footprint is not None:
-        footprint = served_footprint(settings.server.words, footprint)
+        footprint = served_footprint(settings, footprint)
     inputs = (f"{n} GPUs ({gpu_source}: {','.join(ids)}), {'%.1f GiB' % memory if memory else 'memory unknown'} per GPU "
               f"({memory_source}), utilization {c.gpu_memory_utilization:g}, largest request "
               f"{largest_request_tokens} tokens")
@@ -269,8 +269,13 @@ def choose_layout(settings: ServeSettings, largest_request_tokens: int, environ=
     kv = ("KV size unknown" if math.isnan(footprint.kv_bytes_per_token)
           else f"KV {footprint.kv_bytes_per_token / 1024:.0f} KiB/token")
     weights = f"weights {footprint.weight_bytes / GIB:.1f} GiB, {kv} ({footprint.source})"
+    # GPU decoding takes memory per API server from every GPU of a copy (at most 8 API servers:
+    # vidlabel.serve.server.MAX_API_SERVERS, unless classify.api_server_count says otherwise).
+    reserve = decode.gpu_reserve_gib(settings.server.decode_backend, settings.server.api_server_count or 8)
+    if reserve:
+        weights += f"; GPU decoding {reserve:.1f} GiB per GPU"
     for tensor in candidates:
-        if fits(footprint, tensor, memory, c.gpu_memory_utilization, largest_request_tokens):
+        if fits(footprint, tensor, memory, c.gpu_memory_utilization, largest_request_tokens, reserve):
             return Layout(tensor, n // tensor, ids,
                           f"auto: tensor {tensor} x data {n // tensor} (smallest tensor-parallel size that fits); "
                           f"{weights}; {inputs}", held=len(gpus))

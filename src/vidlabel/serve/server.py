@@ -30,6 +30,7 @@ from typing import Callable
 
 import httpx
 
+from vidlabel.serve import decode
 from vidlabel.serve.command import ServerCopy, build_command, free_port, server_environment, single_copy
 from vidlabel.serve.error_kinds import fatal_error, response_message
 from vidlabel.serve.settings import ServeSettings
@@ -249,6 +250,10 @@ class ServerGroup:
         self.servers = [VLLMServer(settings, c.log_path, copy=c, api_key=key) for c in copies]
 
     def start(self) -> "ServerGroup":
+        first = self.servers[0]  # the decoder the command asks for, importable where the server runs?
+        problem = decode.preflight(first.argv, server_environment(first.api_key, first.copy, os.environ))
+        if problem:
+            raise ServerError(problem)
         try:
             for server in self.servers:
                 server.start()

@@ -16,6 +16,7 @@ from typing import Any, Mapping
 from vidlabel.core import settings as stage_settings
 from vidlabel.prepare import planning
 from vidlabel.prepare.tokens import Sampling
+from vidlabel.serve import decode
 from vidlabel.prepare.prompt import response_format
 from vidlabel.serve.confidence import logprobs_request
 
@@ -73,6 +74,8 @@ class ServerSettings:
     min_pixels: int
     max_pixels: int
     allowed_media_path: str  # the one directory the server may read (planning.allowed_media_path)
+    decode_backend: str  # vLLM's video codec backend for planning.decode (vidlabel.serve.decode)
+    quantization: str | None  # classify.quantization (vidlabel.serve.quantization)
 
     @property
     def words(self) -> list[str]:
@@ -150,7 +153,8 @@ class ServeSettings:
             max_num_batched_tokens=c["max_num_batched_tokens"], max_num_seqs=c["max_num_seqs"],
             api_server_count=c["api_server_count"], startup_timeout_s=float(c["startup_timeout_s"]),
             shutdown_grace_s=float(c["shutdown_grace_s"]), fps=p["fps"], min_pixels=p["min_pixels"],
-            max_pixels=p["max_pixels"], allowed_media_path=allowed)
+            max_pixels=p["max_pixels"], allowed_media_path=allowed, decode_backend=decode.backend(config),
+            quantization=c.get("quantization"))
         layout = LayoutSettings(
             parallelism=(int(parallelism["tensor"]), int(parallelism.get("data", 1)))
             if isinstance(parallelism, Mapping) else None,

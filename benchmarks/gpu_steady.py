@@ -1,0 +1,407 @@
+"""The classify job's steady state on a real GPU: throughput, GPU busy and what holds the GPU back.
+
+A short run is mostly its ramp (32 videos preprocessed at once before anything finishes) and its
+drain; at 35k requests per job only the steady state matters. This runs one shard job per variant
+exactly as ``benchmarks/gpu_classify.py run`` does (same media, ``prepare`` and variant words, same
+``gpu_classify.json``, so that ``gpu_classify.py estimate --compare VARIANT`` sets the pilot's
+projection against it), until every request is answered or ``--max-request-phase-s`` has passed
+(then SIGINT: the job stops sending and journals what finished), and reports over the middle 80 % of
+completions (from the 10th to the 90th percentile of finish times), with the ramp and drain apart:
+
+- prompt tok/s, req/s, GPU busy (mean nvidia-smi utilisation, share of 1 s samples under 5 %);
+- the engine's running and waiting requests (vLLM ``/metrics``, every second), the client's requests
+  in flight (from the records);
+- API-server CPU per request (``/proc/<pid>/task/*/stat`` of the server's processes, every second:
+  processes titled ``VLLM::APIServer_i`` and, with one API server, vLLM's own front process), split into
+  the main thread (the event loop: HTTP, chat template, tokenisation hand-off) and the thread pools
+  (vLLM 0.26 runs video loading in ``vllm.multimodal.media.connector.global_thread_pool`` and the
+  multimodal processor in the renderer's ``ThreadPoolExecutor``; neither names its threads, so /proc
+  cannot tell them apart), and the decode part measured by replaying the window's videos through
+  vLLM's own loader with the job's backend after the job (``decode_indices.vllm_loader``); the rest is
+  the HF processor (resize, normalise) and request handling;
+- the engine core's CPU per request.
+
+Variants are ``gpu_classify.py`` variant words (``default``, ``transcoded``, ``decgpu``, ``dectorchcodec``,
+``fp8``, ``apiN``, ``concN``, ...). ``--cpus 0-7`` pins the job (and the servers it starts) to those
+cores first; vidlabel sizes its API servers from the pinned count (``vidlabel.serve.server.job_cpus``).
+
+    python benchmarks/gpu_classify.py media --workdir /tmp/steady --sources 60 --posts 600
+    python benchmarks/gpu_steady.py --workdir /tmp/steady --variants default --cpus 0-15
+
+The media step reuses its sources across posts; vLLM's prefix and multimodal caches are off in the
+default server command, so every request is decoded, processed and prefilled in full.
+``--standin`` runs the test stand-in as ``vllm`` (no GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import signal
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import decode_indices  # noqa: E402
+import gpu_classify as gc  # noqa: E402
+
+TICK = os.sysconf("SC_CLK_TCK")
+SAMPLE_S = 1.0
+MIDDLE = (0.10, 0.90)  # share of completions before the steady window starts and where it ends
+
+
+def parse_cpus(text: str) -> set[int]:
+    """``0-7,16`` -> {0..7, 16}."""
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+# ------------------------------------------------------------------------------------- samplers
+
+class _Sampler(threading.Thread):
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.halt = threading.Event()
+        self.samples: list = []
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(timeout=5)
+
+    def run(self) -> None:
+        while not self.halt.wait(SAMPLE_S):
+            try:
+                self.samples.append(self.sample())
+            except Exception:  # a process that exited between listing and reading: next second
+                continue
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                ppid = int(Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _cpu_s(stat_path: str) -> float:
+    fields = Path(stat_path).read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
+
+
+def process_role(cmdline: str) -> str:
+    """api (an API server process), engine (engine core or GPU worker) or front (vLLM's launching process,
+    which is the API server itself when there is only one; or a stand-in)."""
+    if "APIServer" in cmdline:
+        return "api"
+    if "EngineCore" in cmdline or "Worker" in cmdline or "DPCoordinator" in cmdline:
+        return "engine"
+    return "front"
+
+
+class ProcSampler(_Sampler):
+    """Every second, CPU seconds so far of every thread of every process the job started."""
+
+    def __init__(self, root: int | None = None):
+        super().__init__()
+        self.root = root or os.getpid()
+        self.cmdlines: dict[int, str] = {}
+
+    def sample(self):
+        now, threads = time.time(), {}
+        for pid in _descendants(self.root):
+            if "VLLM::" not in self.cmdlines.get(pid, ""):  # a spawned process sets its title after starting
+                try:
+                    self.cmdlines[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(
+                        errors="replace")
+                except OSError:
+                    continue
+            try:
+                for tid in os.listdir(f"/proc/{pid}/task"):
+                    threads[(pid, int(tid))] = _cpu_s(f"/proc/{pid}/task/{tid}/stat")
+            except OSError:
+                continue
+        return now, threads
+
+
+class MetricsSampler(_Sampler):
+    """Every second, the engines' running and waiting requests from each server's /metrics (the port
+    is read from the server logs' start lines)."""
+
+    _PORT = re.compile(r"starting: .*?--port (\d+)")
+    _GAUGE = re.compile(r"^vllm:num_requests_(running|waiting)\{[^}]*\} ([0-9.e+]+)$", re.M)
+
+    def __init__(self, log_dir: Path):
+        super().__init__()
+        self.log_dir = log_dir
+
+    def ports(self) -> list[int]:
+        found = []
+        for path in sorted(self.log_dir.glob("server*.log")):
+            ports = self._PORT.findall(path.read_text(errors="replace"))
+            if ports:
+                found.append(int(ports[-1]))
+        return found
+
+    def sample(self):
+        import httpx
+
+        running = waiting = 0.0
+        for port in self.ports():
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2.0).text
+            for kind, value in self._GAUGE.findall(text):
+                if kind == "running":
+                    running += float(value)
+                else:
+                    waiting += float(value)
+        return time.time(), running, waiting
+
+
+class RequestPhaseLimit(_Sampler):
+    """SIGINT to this process ``limit_s`` after the job's first answer is journaled: the job stops
+    sending, lets the requests in flight finish (classify.shutdown_grace_s) and journals them."""
+
+    def __init__(self, journal: Path, limit_s: float):
+        super().__init__()
+        self.journal, self.limit_s, self.first = journal, limit_s, None
+        self.fired = False
+
+    def sample(self):
+        if self.first is None and self.journal.exists() and self.journal.stat().st_size:
+            self.first = time.time()
+        if self.first is not None and not self.fired and time.time() - self.first >= self.limit_s:
+            self.fired = True
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+
+# ------------------------------------------------------------------------------------- analysis
+
+def window_bounds(finished: list[float]) -> tuple[float, float]:
+    f = sorted(finished)
+    return f[int(MIDDLE[0] * len(f))], f[max(int(MIDDLE[1] * len(f)) - 1, 0)]
+
+
+def phase(records: list[dict], lo: float, hi: float) -> dict:
+    """Throughput of the answers that finished in (lo, hi]."""
+    done = [r for r in records if r["status"] == "ok" and lo < r["finished_at"] <= hi]
+    span = hi - lo
+    tokens = sum(r["prompt_tokens"] or 0 for r in done)
+    return {"seconds": span, "answers": len(done), "prompt_tok_s": tokens / span if span > 0 else 0.0,
+            "req_s": len(done) / span if span > 0 else 0.0}
+
+
+def in_flight(records: list[dict], times) -> np.ndarray:
+    starts = np.sort([r["started_at"] for r in records if r.get("started_at") is not None])
+    ends = np.sort([r["finished_at"] for r in records if r.get("finished_at") is not None])
+    t = np.asarray(times, dtype=float)
+    return np.searchsorted(starts, t, side="right") - np.searchsorted(ends, t, side="right")
+
+
+def cpu_split(proc: ProcSampler, lo: float, hi: float, answers: int) -> dict:
+    """CPU seconds per answer in the window, by process role, and for the API processes by thread kind."""
+    inside = [(t, s) for t, s in proc.samples if lo <= t <= hi]
+    if len(inside) < 2 or not answers:
+        return {}
+    (_, first), (_, last) = inside[0], inside[-1]
+    out: dict[str, float] = {}
+    for (pid, tid), cpu in last.items():
+        used = cpu - first.get((pid, tid), 0.0) if (pid, tid) in first else cpu  # a thread born inside
+        role = process_role(proc.cmdlines.get(pid, ""))
+        out[role] = out.get(role, 0.0) + used
+        if role in ("api", "front"):
+            kind = "api_main_thread" if tid == pid else "api_pool_threads"
+            out[kind] = out.get(kind, 0.0) + used
+    out["api"] = out.pop("api", 0.0) + out.pop("front", 0.0)
+    return {k: v / answers for k, v in out.items()}
+
+
+def replay_decode(records: list[dict], lo: float, hi: float, config: dict) -> dict:
+    """Decode CPU-s per answer of the window: each distinct video through vLLM's loader with the job's
+    backend (the re-implementation where vLLM is not importable), weighted by how often the window sent it."""
+    import pyarrow.parquet as pq
+
+    from vidlabel.serve import decode as vdecode
+
+    backend, fps = vdecode.backend(config), float(config["planning"]["fps"])
+    shard = pq.read_table(Path(config["results"]) / "manifest" / "shard-0.parquet", columns=["request_id", "media_path"])
+    media = dict(zip(shard.column("request_id").to_pylist(), shard.column("media_path").to_pylist()))
+    sent: dict[str, int] = {}
+    first_path: dict[tuple[int, int], str] = {}  # posts that share a file (hard links) decode it once
+    for r in records:
+        path = media.get(r["request_id"])
+        if r["status"] == "ok" and lo < r["finished_at"] <= hi and path:
+            st = os.stat(path)
+            path = first_path.setdefault((st.st_dev, st.st_ino), path)
+            sent[path] = sent.get(path, 0) + 1
+    if not sent:
+        return {}
+    try:
+        load, how = decode_indices.vllm_loader(backend, fps), "vLLM's loader"
+    except Exception:
+        load, how = decode_indices.reference_loader(backend, fps), "re-implementation (no vLLM here)"
+    cpu = wall = 0.0
+    for path, count in sent.items():
+        res, _ = decode_indices.measure(Path(path), backend, load)
+        if res.cpu_s is not None:
+            cpu += res.cpu_s * count
+            wall += res.wall_s * count
+    total = sum(sent.values())
+    return {"decode_cpu_s_per_answer": cpu / total, "decode_wall_s_per_answer": wall / total,
+            "decoded_files": len(sent), "how": how}
+
+
+def steady(records, gpu_samples, metrics: MetricsSampler, proc: ProcSampler, config: dict, replay: bool) -> dict:
+    ok = [r for r in records if r["status"] == "ok" and r.get("finished_at")]
+    if len(ok) < 10:
+        return {"error": f"only {len(ok)} answers: no steady window"}
+    lo, hi = window_bounds([r["finished_at"] for r in ok])
+    first = min(r["started_at"] for r in records if r.get("started_at"))
+    last = max(r["finished_at"] for r in ok)
+    win = phase(records, lo, hi)
+    gpu = [u for t, u in gpu_samples if lo <= t <= hi]
+    engine = [(r, w) for t, r, w in metrics.samples if lo <= t <= hi]
+    ticks = np.arange(lo, hi, SAMPLE_S)
+    flight = in_flight(records, ticks) if len(ticks) else np.zeros(0)
+    from vidlabel.serve import decode as vdecode
+
+    out = {
+        "window": win, "ramp": phase(records, first, lo), "drain": phase(records, hi, last),
+        "answers_total": len(ok), "requests_total": len(records),
+        "gpu_busy": statistics.mean(gpu) if gpu else None,
+        "gpu_idle_share": sum(u < 5 for u in gpu) / len(gpu) if gpu else None,
+        "engine_running_median": statistics.median(r for r, _ in engine) if engine else None,
+        "engine_waiting_median": statistics.median(w for _, w in engine) if engine else None,
+        "engine_running_max": max((r for r, _ in engine), default=None),
+        "client_in_flight_median": float(np.median(flight)) if len(flight) else None,
+        "cpu_s_per_answer": cpu_split(proc, lo, hi, win["answers"]),
+        "cpus": len(os.sched_getaffinity(0)), "decode": vdecode.choice(config),
+        "max_num_seqs": config["classify"]["max_num_seqs"],
+    }
+    if replay:
+        out["replay"] = replay_decode(records, lo, hi, config)
+        cpu, decoded = out["cpu_s_per_answer"], out["replay"].get("decode_cpu_s_per_answer")
+        if "api" in cpu and decoded is not None:  # the multimodal processor and request handling
+            cpu["api_besides_decode"] = cpu["api"] - decoded
+    out["verdict"] = verdict(out)
+    return out
+
+
+def verdict(s: dict) -> str:
+    """What the evidence says holds the GPU back, in one line."""
+    busy, waiting, running = s.get("gpu_busy"), s.get("engine_waiting_median"), s.get("engine_running_median")
+    if busy is None or waiting is None:
+        return "no GPU or /metrics samples: cannot tell"
+    if busy >= 90:
+        return f"GPU {busy:.0f} % busy: the GPU sets the pace"
+    if waiting >= 1:
+        return (f"GPU {busy:.0f} % busy with {waiting:g} requests waiting in the engine: the engine's own "
+                "scheduling (batch budget, KV cache), not the front end")
+    return (f"GPU {busy:.0f} % busy, the engine running {running:g} and waiting for none: requests are held in the "
+            "API servers' decoding and processing (their CPU per answer below), not by the GPU")
+
+
+# -------------------------------------------------------------------------------------- running
+
+def run_variant(args, name: str) -> dict:
+    out = Path(args.workdir) / "runs" / name
+    out.mkdir(parents=True, exist_ok=True)
+    proc, metrics = ProcSampler(), MetricsSampler(out)
+    limit = RequestPhaseLimit(out / "journal.jsonl", args.max_request_phase_s)
+    row, records, config, gpu_samples = gc.run_job(args, name, samplers=(proc, metrics, limit))
+    row["steady"] = steady(records, gpu_samples, metrics, proc, config, not args.no_replay)
+    row["stopped_by_time_limit"] = limit.fired
+    return row
+
+
+def fmt(x, spec=",.0f", unit="") -> str:
+    return "-" if x is None else f"{x:{spec}}{unit}"
+
+
+def table(rows: list[dict]) -> str:
+    head = ("| variant | CPUs | decode | answers (window) | steady prompt tok/s | steady req/s | GPU busy (idle) | "
+            "ramp s / tok/s | drain s / tok/s | engine running / waiting | client in flight | API CPU-s per answer "
+            "(main / pools; decode replayed, rest: processor) | engine CPU-s per answer |\n" + "|---" * 13 + "|")
+    lines = [head]
+    for r in rows:
+        s = r.get("steady") or {}
+        if "window" not in s:
+            lines.append(f"| {r['variant']} | - | - | {r.get('error') or s.get('error')} |" + " - |" * 9)
+            continue
+        w, cpu, rep = s["window"], s["cpu_s_per_answer"], s.get("replay") or {}
+        lines.append(
+            f"| {r['variant']} | {s['cpus']} | {s['decode']} | {s['answers_total']} ({w['answers']}) | "
+            f"{w['prompt_tok_s']:,.0f} | {w['req_s']:.2f} | {fmt(s['gpu_busy'], '.0f', ' %')} "
+            f"({fmt(s['gpu_idle_share'], '.0%')}) | {s['ramp']['seconds']:.0f} / {s['ramp']['prompt_tok_s']:,.0f} | "
+            f"{s['drain']['seconds']:.0f} / {s['drain']['prompt_tok_s']:,.0f} | "
+            f"{fmt(s['engine_running_median'], 'g')} / {fmt(s['engine_waiting_median'], 'g')} | "
+            f"{fmt(s['client_in_flight_median'], 'g')} | {fmt(cpu.get('api'), '.2f')} ({fmt(cpu.get('api_main_thread'), '.2f')}"
+            f" / {fmt(cpu.get('api_pool_threads'), '.2f')}; decode {fmt(rep.get('decode_cpu_s_per_answer'), '.2f')}, "
+            f"rest {fmt(cpu.get('api_besides_decode'), '.2f')}) | "
+            f"{fmt(cpu.get('engine'), '.2f')} |")
+    lines += [f"{r['variant']}: {(r.get('steady') or {}).get('verdict', '-')}" for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workdir", default="/tmp/vidlabel-steady")
+    ap.add_argument("--variants", default="default")
+    ap.add_argument("--jobs", type=int, default=None, help="prepare's parallel jobs (default: the CPUs used)")
+    ap.add_argument("--cpus", default=None, help="pin the job and its servers to these cores first, e.g. 0-7")
+    ap.add_argument("--max-request-phase-s", type=float, default=600.0,
+                    help="stop sending this long after the first answer (the rest of the set is not sent)")
+    ap.add_argument("--min-requests", type=int, default=600, help="warn when the set has fewer requests")
+    ap.add_argument("--no-replay", action="store_true", help="skip the decode replay after each job")
+    for flag, default in (("--posts", None), ("--media-root", None), ("--model", "Qwen/Qwen2.5-VL-7B-Instruct"),
+                          ("--tokenizer", None), ("--server-args", ""), ("--out", None)):
+        ap.add_argument(flag, default=default)
+    ap.add_argument("--transcripts", nargs="*", default=[])
+    ap.add_argument("--startup-timeout", type=float, default=1200)
+    ap.add_argument("--standin", action="store_true", help="the test stand-in as `vllm` (no GPU needed)")
+    ap.add_argument("--standin-args", default="", help="extra stand-in flags, e.g. '--slots 2 --latency 0.5'")
+    args = ap.parse_args(argv)
+    if args.cpus:
+        os.sched_setaffinity(0, parse_cpus(args.cpus))  # inherited by the servers the job starts
+    args.jobs = args.jobs or len(os.sched_getaffinity(0))
+    gc.use_standin(args)
+    results = Path(args.out) if args.out else Path(args.workdir) / "gpu_classify.json"
+    rows = []
+    for name in args.variants.split(","):
+        row = run_variant(args, name)
+        if row["requests"] < args.min_requests and not row["stopped_by_time_limit"]:
+            print(f"{name}: only {row['requests']} requests, fewer than {args.min_requests}: the window is not a "
+                  "steady state (make more posts: gpu_classify.py media --posts N)", flush=True)
+        rows.append(row)
+        previous = json.loads(results.read_text()) if results.exists() else []
+        previous = [r for r in previous if r["variant"] != name] + [row]
+        results.write_text(json.dumps(previous, indent=1))  # what gpu_classify.py estimate --compare reads
+        print(json.dumps({"variant": name, "steady": row["steady"]}), flush=True)
+    print(table(rows), flush=True)
+    return 0 if all(r["error"] is None or r["stopped_by_time_limit"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""benchmarks/gpu_steady.py end to end on the stand-in: the job, the samplers, the steady window, the
+decode replay, the table; then gpu_classify.py estimate set against the measured job."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from format_zoo import BENCHMARKS
+from standin.shards import make_video
+
+sys.path.insert(0, str(BENCHMARKS))
+import gpu_classify  # noqa: E402
+import gpu_steady  # noqa: E402
+
+
+def posts(tmp_path: Path, n: int) -> tuple[Path, Path]:
+    media = tmp_path / "media"
+    sources = [make_video(media / f"src{i}.mp4", seconds=2.0 + i, size="320x240") for i in range(2)]
+    lines = ["post_id,video_path,caption"]
+    for p in range(n):
+        target = media / f"post{p:03d}.mp4"
+        os.link(sources[p % 2], target)  # posts share sources, as the benchmark's media step makes them
+        lines.append(f"post{p:03d},media/{target.name},caption {p}")
+    table = tmp_path / "posts.csv"
+    table.write_text("\n".join(lines) + "\n")
+    return table, media
+
+
+def test_steady_state_benchmark_on_the_standin(tmp_path, capsys):
+    table, media = posts(tmp_path, 30)
+    work = tmp_path / "work"
+    common = ["--workdir", str(work), "--posts", str(table), "--media-root", str(media), "--standin"]
+    # 2 running, the rest waiting: a queue forms; ~7 s of window, so that the per-thread CPU (10 ms ticks in
+    # /proc) of the stand-in's main thread is well above zero.
+    slow = ["--standin-args", "--slots 2 --latency 0.5"]
+    # deccpu: OpenCV whatever `auto` stands for (the stand-in cannot import a GPU decoder).
+    assert gpu_steady.main([*common, *slow, "--variants", "deccpu", "--min-requests", "20"]) == 0
+    printed = capsys.readouterr().out
+    row = next(r for r in json.loads((work / "gpu_classify.json").read_text()) if r["variant"] == "deccpu")
+    s = row["steady"]
+    assert row["requests"] == 30 and row["by_kind"] == {"ok": 30} and not row["stopped_by_time_limit"]
+    # The middle 80 % of completions, with the ramp and drain apart.
+    assert s["window"]["answers"] + s["ramp"]["answers"] + s["drain"]["answers"] == 30
+    assert 20 <= s["window"]["answers"] <= 25 and s["window"]["prompt_tok_s"] > 0 and s["window"]["req_s"] > 0
+    # The evidence: the engine ran its 2 slots with a queue behind them, the client kept 32 in flight.
+    assert s["engine_running_median"] == 2 and s["engine_waiting_median"] >= 1
+    assert s["client_in_flight_median"] >= 10
+    assert s["cpu_s_per_answer"]["api"] >= s["cpu_s_per_answer"]["api_main_thread"] > 0
+    assert s["replay"]["decoded_files"] == 2 and s["replay"]["decode_cpu_s_per_answer"] > 0
+    assert s["cpus"] == len(os.sched_getaffinity(0)) and s["decode"] == "cpu"
+    assert "| deccpu |" in printed and "deccpu: " in printed
+    # The pilot's projection next to this measured job, in the same workdir.
+    assert gpu_classify.main(["estimate", *common, "--variant", "deccpu", "--pilot-size", "8"]) == 0
+    line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("estimate (deccpu)")][-1]
+    assert "measured job (deccpu, 30 requests)" in line and "projected / measured" in line
+
+
+def test_window_cpu_split_and_verdict_on_recorded_samples():
+    records = [{"request_id": str(i), "status": "ok", "started_at": float(i), "finished_at": i + 10.0,
+                "prompt_tokens": 1000} for i in range(100)]
+    lo, hi = gpu_steady.window_bounds([r["finished_at"] for r in records])
+    assert (lo, hi) == (20.0, 99.0)
+    assert gpu_steady.phase(records, lo, hi)["answers"] == 79
+    assert list(gpu_steady.in_flight(records, [5.5, 50.5])) == [6, 10]
+    proc = gpu_steady.ProcSampler(root=1)
+    proc.cmdlines = {10: "VLLM::APIServer_0", 20: "VLLM::EngineCore_DP0"}
+    proc.samples = [(20.0, {(10, 10): 1.0, (10, 11): 5.0, (20, 20): 2.0}),
+                    (99.0, {(10, 10): 3.0, (10, 11): 12.9, (20, 20): 81.0, (10, 12): 0.9})]
+    split = gpu_steady.cpu_split(proc, lo, hi, 79)
+    assert abs(split["api"] - (2.0 + 7.9 + 0.9) / 79) < 1e-9 and abs(split["engine"] - 1.0) < 1e-9
+    assert abs(split["api_main_thread"] - 2.0 / 79) < 1e-9
+    assert "API servers" in gpu_steady.verdict({"gpu_busy": 70, "engine_waiting_median": 0, "engine_running_median": 9})
+    assert "GPU sets the pace" in gpu_steady.verdict({"gpu_busy": 95, "engine_waiting_median": 3,
+                                                      "engine_running_median": 32})
+    assert gpu_steady.parse_cpus("0-3,8") == {0, 1, 2, 3, 8}
