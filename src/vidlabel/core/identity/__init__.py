@@ -109,7 +109,10 @@ def files_state(config: Mapping) -> str:
     program's version and a running server's state are checked by each job that runs (the table in
     docs/outputs.md)."""
     c = config["classify"]
-    words = shlex.split(c["server_command"]) + shlex.split(c["server_args"]) if not c["endpoints"] else []
+    try:
+        words = shlex.split(c["server_command"]) + shlex.split(c["server_args"]) if not c["endpoints"] else []
+    except ValueError:  # bad quoting: the job reports it, naming the key
+        words = []
     return _files_state(c["model"], bool(c["endpoints"]), tuple(words[1:]))
 
 
