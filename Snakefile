@@ -21,6 +21,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [f"{workflow.basedir}/sr
 
 # Fail before any job: a bad key or a bad posts table is reported with the key / rows at fault.
 import vidlabel.core.config
+import vidlabel.core.identity
 import vidlabel.core.models
 import vidlabel.core.settings
 import vidlabel.core.slurm
@@ -28,8 +29,12 @@ import vidlabel.prepare.inventory
 import vidlabel.prepare.planning
 
 vidlabel.core.config.validate(config, f"{workflow.basedir}/workflow/schemas/config.schema.yaml")
+# The media's state (path, size, modification time of every video): the inventory rule's params, so
+# that a video replaced at the same path reruns the inventory and, through it, whatever that post needs.
+MEDIA_STATE = ""
 if workflow.is_main_process:
-    vidlabel.prepare.inventory.load_posts(config["posts"], config["media_root"])
+    POSTS = vidlabel.prepare.inventory.load_posts(config["posts"], config["media_root"])
+    MEDIA_STATE = vidlabel.core.identity.media_state(POSTS.column("video_path").to_pylist())
     if vidlabel.core.models.own_servers(config):
         vidlabel.prepare.planning.allowed_media_path(config)  # the one directory the server may read
     # The SLURM plugin would keep a job cancelled with scancel ("CANCELLED by <uid>") running for ever.

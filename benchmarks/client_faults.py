@@ -153,9 +153,9 @@ def _run_child(client: str, checkout: Path, spec: dict, cap: float) -> dict:
 
 
 def _server_figures(logs: list[Path]) -> tuple[int, int]:
-    from standin import read_request_log
+    from standin import is_probe, read_request_log
 
-    events = [e for log in logs for e in read_request_log(log) if not (e.get("request_id") or "smoke").startswith("smoke")]
+    events = [e for log in logs for e in read_request_log(log) if e.get("request_id") and not is_probe(e["request_id"])]
     refused = sum(1 for e in events if e["event"] == "completed" and e.get("status") == 503)
     answers = Counter(e["request_id"] for e in events if e["event"] == "completed" and e.get("status") == 200)
     return refused, sum(n - 1 for n in answers.values())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import resource
 import tempfile
@@ -20,6 +21,7 @@ from _common import setup
 
 from vidlabel.serve.client import ClassifyClient, ClientSettings, run
 from vidlabel.serve.server import VLLMServer
+from vidlabel.serve.settings import ServeSettings
 
 
 def _cpu_of(pid: int) -> float:
@@ -33,9 +35,8 @@ def _own_cpu() -> float:
 
 
 async def one_round(cfg, rows, concurrency: int) -> tuple[float, int, float, float]:
-    settings = ClientSettings.from_config(cfg)
-    settings.concurrency = concurrency
-    with VLLMServer(cfg, Path(cfg["results"]) / f"server-{concurrency}.log") as server:
+    settings = dataclasses.replace(ServeSettings.from_config(cfg).client, concurrency=concurrency)
+    with VLLMServer(ServeSettings.from_config(cfg), Path(cfg["results"]) / f"server-{concurrency}.log") as server:
         await server.wait_ready()
         async with ClassifyClient([(server.base_url, server.api_key)], settings) as client:
             await asyncio.gather(*(client.classify(r) for r in rows[:200]))  # warm-up

@@ -56,7 +56,8 @@ def main() -> int:
             fh.truncate(int(t))
         posts.append({"post_id": f"v{i:05d}", "media_path": str(path), "caption": "buy" if i % 3 else "pizza",
                       "transcript": "word " * int(rng.integers(0, 200))})
-    faults = ["--bytes-per-video-token", "1", "--slots", str(args.slots), "--max-model-len", "200000",
+    faults = ["--video-tokens", "bytes", "--bytes-per-video-token", "1",
+              "--slots", str(args.slots), "--max-model-len", "200000",
               "--prefill-tokens-per-s", str(args.prefill_tokens_per_s), "--decode-tokens-per-s", "2000",
               "--latency", "0.01"]
     cfg = make_config(work, media, faults=faults,

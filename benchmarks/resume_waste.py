@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 from _common import ROOT, setup
+from standin import is_probe
 from standin.shards import write_manifest
 
 from vidlabel.core.journal import iter_records
@@ -53,7 +54,7 @@ def main() -> None:
         done_first = sum(1 for _ in iter_records(journal))
         rc = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
         events = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-        events = [e for e in events if e["event"] == "received" and not e["request_id"].startswith("smoke-")]
+        events = [e for e in events if e["event"] == "received" and not is_probe(e["request_id"])]
         first = {e["request_id"] for e in events if e["t"] < killed_at}
         second = [e["request_id"] for e in events if e["t"] >= killed_at]
         twice = first & set(second)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import random
 import tempfile
@@ -24,6 +25,7 @@ from _common import setup
 
 from vidlabel.serve.client import ClassifyClient, ClientSettings
 from vidlabel.serve.server import VLLMServer
+from vidlabel.serve.settings import ServeSettings
 
 LATENCY, PREFILL, DECODE = 0.02, 5000.0, 50.0
 
@@ -43,7 +45,7 @@ def utilisation(log: Path, slots: int) -> tuple[float, float, int]:
 
 
 async def one_run(cfg, rows, settings: ClientSettings, log: Path) -> list[int]:
-    with VLLMServer(cfg, log.with_suffix(".server.log")) as server:
+    with VLLMServer(ServeSettings.from_config(cfg), log.with_suffix(".server.log")) as server:
         await server.wait_ready()
         async with ClassifyClient([(server.base_url, server.api_key)], settings) as client:
             recs = await asyncio.gather(*(client.classify(r) for r in rows))
@@ -73,8 +75,7 @@ def main() -> None:
                                       str(PREFILL), "--decode-tokens-per-s", str(DECODE)),
                               classify={"concurrency": conc, "max_tokens": 64, "request_timeout_s": 300,
                                         "adaptive_concurrency": {"enabled": adaptive, "floor": 4, "ceiling": 64}})
-            settings = ClientSettings.from_config(cfg)
-            settings.adaptive_interval_s = 0.5
+            settings = dataclasses.replace(ServeSettings.from_config(cfg).client, adaptive_interval_s=0.5)
             t0 = time.perf_counter()
             limits = asyncio.run(one_run(cfg, rows, settings, log))
             wall = time.perf_counter() - t0

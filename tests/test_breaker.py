@@ -133,9 +133,10 @@ def test_an_endpoint_answering_500_to_its_smoke_request_is_not_used(make_shard, 
 def _broken_endpoint(shard, key: str):
     """A running endpoint whose /health answers 200 and every chat request, the smoke request included, 500."""
     from vidlabel.serve.server import VLLMServer
+    from vidlabel.serve.settings import ServeSettings
 
-    server = VLLMServer(shard.config("--fail-all-with", "500:Internal server error"), shard.tmp / "broken.log",
-                        api_key=key).start()
+    server = VLLMServer(ServeSettings.from_config(shard.config("--fail-all-with", "500:Internal server error")),
+                        shard.tmp / "broken.log", api_key=key).start()
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:

@@ -4,6 +4,7 @@ endpoint health, adaptive concurrency; then the client against the stand-in with
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import socket
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from standin import read_request_log, standin_command
+from standin import is_probe, read_request_log, standin_command
 from standin.shards import (
     QUESTIONS,
     YES_IF,
@@ -37,6 +38,7 @@ from vidlabel.serve.error_kinds import (
 )
 from vidlabel.serve.limit import InFlightLimit, backoff_s
 from vidlabel.serve.server import VLLMServer
+from vidlabel.serve.settings import ServeSettings
 
 # ---- error kinds -----------------------------------------------------------------------------------
 
@@ -390,15 +392,15 @@ def _run(cfg, tmp_path, rows, faults=(), endpoints=None, settings=None):
     cfg["classify"]["server_command"] = standin_command(sys.executable, log, *YES_IF, *faults)
 
     async def scenario():
-        with VLLMServer(cfg, tmp_path / "server.log") as server:
+        with VLLMServer(ServeSettings.from_config(cfg), tmp_path / "server.log") as server:
             await server.wait_ready()
             eps = endpoints(server) if endpoints else [(server.base_url, server.api_key)]
-            async with ClassifyClient(eps, settings or ClientSettings.from_config(cfg)) as client:
+            async with ClassifyClient(eps, settings or ServeSettings.from_config(cfg).client) as client:
                 recs = await asyncio.gather(*(client.classify(r) for r in rows))
                 return recs, client
 
     recs, client = asyncio.run(scenario())
-    events = [e for e in read_request_log(log) if not (e.get("request_id") or "smoke-").startswith("smoke-")]
+    events = [e for e in read_request_log(log) if e.get("request_id") and not is_probe(e["request_id"])]
     return recs, events, client
 
 
@@ -489,7 +491,8 @@ def test_a_queue_building_behind_the_first_answers_is_not_read_as_hangs(tmp_path
     rows = _rows(cfg, media, 64)
     for i, row in enumerate(rows):  # heaviest first, as the manifest orders a shard
         row["est_prompt_tokens"] = 30_000 if i < 16 else 1_000
-    recs, events, _ = _run(cfg, tmp_path, rows, ("--slots", "2", "--latency", "0.1"))
+    # Video tokens by file size: no decode in the first answers' latency, only the service time.
+    recs, events, _ = _run(cfg, tmp_path, rows, ("--slots", "2", "--latency", "0.1", "--video-tokens", "bytes"))
     assert all(r["status"] == "ok" for r in recs)
     assert [e for e in events if e["event"] == "cancelled"] == []
     assert sum(r["attempts"] for r in recs) == 64
@@ -516,9 +519,10 @@ def test_a_file_missing_for_a_moment_is_sent_again_once_it_is_back(tmp_path, med
     cfg["classify"]["server_command"] = standin_command(sys.executable, log, *YES_IF)
 
     async def scenario():
-        with VLLMServer(cfg, tmp_path / "server.log") as server:
+        with VLLMServer(ServeSettings.from_config(cfg), tmp_path / "server.log") as server:
             await server.wait_ready()
-            async with ClassifyClient([(server.base_url, server.api_key)], ClientSettings.from_config(cfg)) as client:
+            eps = [(server.base_url, server.api_key)]
+            async with ClassifyClient(eps, ServeSettings.from_config(cfg).client) as client:
                 comeback = asyncio.create_task(back_after(0.3))
                 recs = await asyncio.gather(*(client.classify(r) for r in rows))
                 await comeback
@@ -545,11 +549,11 @@ def test_two_jobs_sending_the_same_requests_to_one_server_do_not_collide(tmp_pat
                                                         "--latency", "0.3")
 
     async def scenario():
-        with VLLMServer(cfg, tmp_path / "server.log") as server:
+        with VLLMServer(ServeSettings.from_config(cfg), tmp_path / "server.log") as server:
             await server.wait_ready()
             eps = [(server.base_url, server.api_key)]
-            async with ClassifyClient(eps, ClientSettings.from_config(cfg)) as one, \
-                    ClassifyClient(eps, ClientSettings.from_config(cfg)) as two:
+            async with ClassifyClient(eps, ServeSettings.from_config(cfg).client) as one, \
+                    ClassifyClient(eps, ServeSettings.from_config(cfg).client) as two:
                 return await asyncio.gather(*(c.classify(r) for r in rows for c in (one, two)))
 
     recs = asyncio.run(scenario())
@@ -575,12 +579,12 @@ def test_least_outstanding_requests_over_endpoints(tmp_path, media):
     rows = _rows(cfg, media, 40)
 
     async def scenario():
-        with VLLMServer(slow_cfg, tmp_path / "slow.log") as slow:
+        with VLLMServer(ServeSettings.from_config(slow_cfg), tmp_path / "slow.log") as slow:
             await slow.wait_ready()
-            with VLLMServer(cfg, tmp_path / "fast.log") as fast:
+            with VLLMServer(ServeSettings.from_config(cfg), tmp_path / "fast.log") as fast:
                 await fast.wait_ready()
                 eps = [(slow.base_url, slow.api_key), (fast.base_url, fast.api_key)]
-                async with ClassifyClient(eps, ClientSettings.from_config(cfg)) as client:
+                async with ClassifyClient(eps, ServeSettings.from_config(cfg).client) as client:
                     recs = await asyncio.gather(*(client.classify(r) for r in rows))
                     return recs, [ep.sent for ep in client.endpoints.all]
 
@@ -657,8 +661,7 @@ def test_admission_503s_lower_the_limit_to_what_the_server_admits(tmp_path, medi
 def test_adaptive_concurrency_grows_to_fill_the_server(tmp_path, media):
     cfg = make_config(tmp_path, media, classify={
         "concurrency": 2, "adaptive_concurrency": {"enabled": True, "floor": 2, "ceiling": 12}})
-    settings = ClientSettings.from_config(cfg)
-    settings.adaptive_interval_s = 0.1
+    settings = dataclasses.replace(ServeSettings.from_config(cfg).client, adaptive_interval_s=0.1)
     recs, _, client = _run(cfg, tmp_path, _rows(cfg, media, 150), ("--slots", "8", "--latency", "0.1"),
                            settings=settings)
     limits = [lim for _, lim in client.limit_history]

@@ -15,7 +15,7 @@ import pytest
 
 from vidlabel.analyze import aggregate, compare, merge
 from vidlabel.core import config as vconfig
-from vidlabel.serve.classify import LABEL_SCHEMA
+from vidlabel.serve.record import LABEL_SCHEMA
 
 QUESTIONS = [{"id": "promotes_product", "text": "Product?"}, {"id": "shows_face", "text": "Face?"}]
 QIDS = [q["id"] for q in QUESTIONS]

@@ -12,12 +12,14 @@ import numpy as np
 import pytest
 
 from vidlabel.core import config as vconfig
-from vidlabel.core import models
+from vidlabel.core import identity, models
 from vidlabel.core import settings as stage_settings
 from vidlabel.prepare import planning
 from vidlabel.serve import decode
-from vidlabel.serve.client import ClientSettings, request_fingerprint
-from vidlabel.serve.server import ServerCopy, ServerError, ServerGroup, answer_settings, build_command
+from vidlabel.serve.command import CommandError, ServerCopy, build_command
+from vidlabel.serve.provenance import JobIdentity
+from vidlabel.serve.server import ServerError, ServerGroup
+from vidlabel.serve.settings import ServeSettings
 
 
 def cfg(decode_choice: str | None = None, **classify) -> dict:
@@ -28,7 +30,8 @@ def cfg(decode_choice: str | None = None, **classify) -> dict:
 
 
 def argv(config: dict) -> list[str]:
-    return build_command(config, 8000, ServerCopy(0, (), 1, 1, 16, 8, Path("server.log")))
+    return build_command(ServeSettings.from_config(config).server, 8000, ServerCopy(0, (), 1, 1, 16, 8,
+                                                                                  Path("server.log")))
 
 
 def media_io(words: list[str]) -> dict:
@@ -55,11 +58,14 @@ def test_merging_keeps_other_keys_and_adds_the_flag_where_there_is_none():
     with pytest.raises(ValueError, match="video_backend"):  # would swap Qwen2-VL's sampler
         decode.with_backend(["vllm", "--media-io-kwargs", '{"video":{"video_backend":"opencv"}}'], "torchcodec")
     for choice in ("gpu", "cpu"):
-        with pytest.raises(ServerError, match="video_backend"):
+        with pytest.raises(CommandError, match="video_backend"):
             argv(cfg(choice, server_args="--media-io-kwargs '{\"video\":{\"video_backend\":\"x\"}}'"))
 
 
-def test_decoder_and_quantization_are_in_every_answers_identity():
+def test_decoder_and_quantization_are_in_every_answers_identity(tmp_path, monkeypatch):
+    from standin import vllm_shim
+
+    monkeypatch.setenv("PATH", f"{vllm_shim(tmp_path / 'bin').parent}{os.pathsep}{os.environ['PATH']}")
     configs = {c: cfg(c) for c in (*decode.CHOICES, "auto")}
     configs["fp8"] = cfg("cpu", quantization="fp8")
     # The classify stage's fingerprint (the rule's params): planning and server keys are in it.
@@ -72,11 +78,11 @@ def test_decoder_and_quantization_are_in_every_answers_identity():
     # And the request fingerprint a journaled answer is reused under.
     row = {"request_id": "r", "post_id": "p", "media_path": "/nonexistent.mp4", "prompt": "x",
            "est_prompt_tokens": 10}
-    prints = {name: request_fingerprint(ClientSettings.from_config(c), answer_settings(c), row)
-              for name, c in configs.items()}
+    jobs = {name: JobIdentity.resolve(ServeSettings.from_config(c)) for name, c in configs.items()}
+    prints = {name: job.fingerprint(row, identity.media_item(row["media_path"])) for name, job in jobs.items()}
     assert prints["auto"] == prints[decode.AUTO_DECODE]
     assert len({prints[k] for k in (*decode.CHOICES, "fp8")}) == 4
-    assert "--quantization" in answer_settings(configs["fp8"])["command"]
+    assert "--quantization" in jobs["fp8"].server["command"]
 
 
 def test_quantization_goes_into_the_command_and_may_differ_per_model():
@@ -85,7 +91,7 @@ def test_quantization_goes_into_the_command_and_may_differ_per_model():
     assert "--quantization" not in argv(cfg())
     # The same method in server_args is not repeated; another one is a conflict, named.
     assert argv(cfg(quantization="fp8", server_args="--quantization fp8")).count("--quantization") == 1
-    with pytest.raises(ServerError, match="classify.quantization"):
+    with pytest.raises(CommandError, match="classify.quantization"):
         argv(cfg(quantization="fp8", server_args="-q awq"))
     both = cfg(models=["Qwen/Qwen2.5-VL-72B-Instruct",
                        {"model": "Qwen/Qwen2.5-VL-72B-Instruct", "name": "72b-fp8", "quantization": "fp8"}])
@@ -143,7 +149,7 @@ def test_the_job_stops_before_the_server_starts_when_the_decoder_is_missing(tmp_
     monkeypatch.setenv("PYTHONPATH", "")
     config = cfg("gpu")
     copies = [ServerCopy(0, (), 1, 1, 16, 8, tmp_path / "server.log")]
-    group = ServerGroup(config, copies)
+    group = ServerGroup(ServeSettings.from_config(config), copies)
     with pytest.raises(ServerError, match="cannot import PyNvVideoCodec"):
         group.start()
     assert all(s.proc is None for s in group.servers)  # nothing was started

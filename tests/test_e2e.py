@@ -15,7 +15,7 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 from conftest import model_dir, run_snakemake, write_overlay
-from standin import read_request_log, standin_command
+from standin import is_probe, read_request_log, standin_command
 
 pytestmark = pytest.mark.slow
 
@@ -209,8 +209,10 @@ def test_estimate_target_projects_from_a_pilot(finished):
     before = len(read_request_log(workdir / "requests.jsonl"))
     run_snakemake(workdir, "estimate")
     estimate = json.loads((model_dir(workdir / "results") / "estimate.json").read_text())
-    pilot_requests = [e for e in read_request_log(workdir / "requests.jsonl")[before:] if e["event"] == "received"]
-    assert 0 < len(pilot_requests) <= 6 + 2  # the pilot sample (plus the readiness smoke request)
+    received = [e for e in read_request_log(workdir / "requests.jsonl")[before:] if e["event"] == "received"]
+    pilot_requests = [e for e in received if not is_probe(e["request_id"])]
+    assert 0 < len(pilot_requests) <= 6  # the pilot sample; besides it the readiness and calibration requests
+    assert len(received) - len(pilot_requests) == 1 + 3
     flat = json.dumps(estimate)
     assert "wall" in flat and "gpu_hours" in flat and "cost" in flat
     assert (model_dir(workdir / "results") / "estimate.md").read_text().strip()

@@ -199,7 +199,7 @@ def test_a_larger_pilot_size_draws_a_new_pilot_and_reuses_what_is_still_in_it(tm
     The pilot depends on what it was drawn under; the report counts what it measured."""
     import json
 
-    from standin import read_request_log
+    from standin import is_probe, read_request_log
     from standin.shards import make_config, make_video, manifest_rows, write_manifest
 
     media = tmp_path / "media"
@@ -218,7 +218,7 @@ def test_a_larger_pilot_size_draws_a_new_pilot_and_reuses_what_is_still_in_it(tm
 
     def sent() -> list[str]:
         return [e["request_id"] for e in read_request_log(log)
-                if e["event"] == "received" and not e["request_id"].startswith("smoke-")]
+                if e["event"] == "received" and not is_probe(e["request_id"])]
 
     small = estimate(4)
     first = set(sent())

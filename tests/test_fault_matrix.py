@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from standin import read_request_log
+from standin import is_probe, read_request_log
 from standin.shards import (
     expected_answers,
     make_config,
@@ -33,6 +33,7 @@ from vidlabel.prepare.planning import allowed_media_path
 from vidlabel.serve.classify import ShardIncomplete, ShardLocked, run_shard
 from vidlabel.serve.error_kinds import FatalClientError
 from vidlabel.serve.server import ServerError, VLLMServer
+from vidlabel.serve.settings import ServeSettings
 
 JOB_SCRIPT = Path(__file__).resolve().parent / "standin" / "job.py"
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -80,8 +81,7 @@ class Shard:
         return next(r["request_id"] for r in self.rows if r["post_id"] == post_id)
 
     def events(self) -> list[dict]:
-        return [e for e in read_request_log(self.request_log)
-                if e.get("request_id") and not e["request_id"].startswith("smoke-")]
+        return [e for e in read_request_log(self.request_log) if e.get("request_id") and not is_probe(e["request_id"])]
 
     def labels_by_post(self) -> dict[str, dict]:
         table = pq.read_table(self.labels)
@@ -198,9 +198,9 @@ def test_random_500s_are_retried(make_shard, caplog):
 
 
 def test_progress_line_says_stalled_rather_than_an_eta_while_nothing_finishes():
-    from vidlabel.serve.classify import _Progress
+    from vidlabel.serve.progress import Progress
 
-    progress = _Progress(total=10, already=2, shard=3, interval_s=10)
+    progress = Progress(total=10, already=2, shard=3, interval_s=10)
     progress.in_flight = lambda: 4
     progress.last_finish -= 25  # nothing has answered yet this run: a slow start, not a stall
     assert progress.line().endswith("first answers pending for 25 s (4 in flight)")
@@ -297,8 +297,8 @@ def test_too_long_and_encoder_cache_are_permanent(make_shard):
     shard.posts[5]["media_path"] = str(big)
     cache = 300  # video tokens: the clip's fit, the big one's not (file size / 64 in this stand-in mode)
     assert 2 + (shard.media / "clip.mp4").stat().st_size // 64 < cache < 2 + big.stat().st_size // 64
-    cfg = shard.config("--max-model-len", "3000", "--encoder-cache-tokens", str(cache), max_model_len=3000,
-                       max_num_batched_tokens=cache)
+    cfg = shard.config("--video-tokens", "bytes", "--max-model-len", "3000", "--encoder-cache-tokens", str(cache),
+                       max_model_len=3000, max_num_batched_tokens=cache)
     shard.run(cfg)
     labels = shard.check_complete_labels()
     assert (labels["post000"]["error_kind"], labels["post000"]["http_status"], labels["post000"]["attempts"]) == \
@@ -382,7 +382,7 @@ def test_dead_server_copy_moves_its_traffic_to_the_live_copy(make_shard):
 
 def _endpoint(shard: Shard, cfg: dict, name: str, key: str) -> VLLMServer:
     """A running server for endpoints mode (the stand-in of ``cfg``'s server command)."""
-    server = VLLMServer(cfg, shard.tmp / f"{name}.log", api_key=key).start()
+    server = VLLMServer(ServeSettings.from_config(cfg), shard.tmp / f"{name}.log", api_key=key).start()
     asyncio.run(server.wait_ready())
     return server
 
@@ -587,7 +587,7 @@ def test_external_endpoints_mode_starts_no_server(make_shard, monkeypatch):
 
     from vidlabel.serve.server import VLLMServer
 
-    with VLLMServer(cfg, shard.tmp / "external.log") as external:
+    with VLLMServer(ServeSettings.from_config(cfg), shard.tmp / "external.log") as external:
         asyncio.run(external.wait_ready())
         monkeypatch.setenv("MY_VLLM_KEY", external.api_key)
         cfg["classify"].update(endpoints=[external.base_url], api_key_env="MY_VLLM_KEY",

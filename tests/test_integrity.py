@@ -119,10 +119,10 @@ def test_changed_max_tokens_or_media_resends_and_the_job_says_why(make_shard, ca
     shard.run(shard.config())
     first = len(sends(shard))
     assert first == 6
-    with caplog.at_level(logging.INFO, logger="vidlabel.serve.classify"):
+    with caplog.at_level(logging.INFO, logger="vidlabel.serve.resume"):
         shard.run(shard.config(max_tokens=80))
     assert len(sends(shard)) == 12  # another max_tokens: every request again
-    assert any("passed over the journaled answers of 6 request(s), made under other settings" in r.getMessage()
+    assert any("passed over the journaled answers of 6 request(s), made under another prompt, media" in r.getMessage()
                for r in caplog.records)
     shard.run(shard.config(max_tokens=80))
     assert len(sends(shard)) == 12  # unchanged: nothing
@@ -152,7 +152,7 @@ def test_a_record_of_another_server_version_is_sent_again_once_a_server_is_up(ma
 
 # ---- a server that cannot see the media is the server's fault -------------------------------------
 
-def test_endpoint_that_cannot_see_the_media_stops_at_the_media_check(make_shard, monkeypatch, tmp_path_factory):
+def test_endpoint_that_cannot_see_the_media_stops_before_its_traffic(make_shard, monkeypatch, tmp_path_factory):
     shard = make_shard(10)
     cfg = shard.config()
     # A server whose --allowed-local-media-path is elsewhere (another deployment's setting).
@@ -164,7 +164,7 @@ def test_endpoint_that_cannot_see_the_media_stops_at_the_media_check(make_shard,
             shard.run(_use_endpoints(shard.config(), monkeypatch, "k", server))
     finally:
         server.stop()
-    assert len(sends(shard)) == 1  # the media check alone
+    assert len(sends(shard)) == 0  # its calibration videos showed it: no post was sent
     assert not [r for r in iter_records(shard.journal)]  # nothing journaled, nothing terminal
     right = _endpoint(shard, shard.config(), "right", "k")
     try:
@@ -172,6 +172,20 @@ def test_endpoint_that_cannot_see_the_media_stops_at_the_media_check(make_shard,
     finally:
         right.stop()
     assert all(r["status"] == "ok" for r in shard.check_complete_labels().values())
+
+
+def test_endpoint_that_sees_the_calibration_but_not_the_media_stops_at_the_media_check(make_shard, monkeypatch):
+    shard = make_shard(10)
+    cfg = shard.config()
+    # It may read the results directory (where the calibration videos are), not the media.
+    server = _endpoint(shard, dict(cfg, media_root=str(shard.tmp)), "results-only", "k")
+    try:
+        with pytest.raises(MediaUnreachable, match="the first request .the media check.*allowed-local-media-path"):
+            shard.run(_use_endpoints(shard.config(), monkeypatch, "k", server))
+    finally:
+        server.stop()
+    assert len(sends(shard)) == 1  # the media check alone
+    assert not [r for r in iter_records(shard.journal)]
 
 
 def test_own_server_without_the_media_mounted_stops_with_the_probable_cause(make_shard):
@@ -279,7 +293,7 @@ def _fabricate(tmp_path, servers, models):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from vidlabel.serve.classify import labels_table
+    from vidlabel.serve.record import Record, labels_table
 
     ids = [f"p{i}" for i in range(len(servers))]
     pq.write_table(pa.table({"post_id": ids, "video_path": [f"/m/{i}.mp4" for i in ids]}), tmp_path / "inv.parquet")
@@ -292,7 +306,7 @@ def _fabricate(tmp_path, servers, models):
                 "latency_s": 1.0, "model": model, "server": server, "settings_fingerprint": "s1",
                 "prompt_hash": "h1", "request_fingerprint": f"f{i}"}
                for i, (pid, server, model) in enumerate(zip(ids, servers, models))]
-    pq.write_table(labels_table(records, 0), tmp_path / "shard-0.parquet")
+    pq.write_table(labels_table([Record.from_journal(r) for r in records], 0), tmp_path / "shard-0.parquet")
 
 
 def _config():

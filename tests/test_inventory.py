@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -116,8 +117,9 @@ def test_inventory_columns_paths_and_extras(demo, inventory):
         assert row["caption"] == exp["caption"]  # commas, quotes, newlines, emoji; empty -> null
     odd = [r for r in inventory.values() if " " in r["video_path"]]
     assert odd and odd[0]["probe_error"] is None and "é" in odd[0]["video_path"]
-    # Written atomically: no temp file left next to it.
-    assert [p.name for p in demo.inventory.parent.iterdir()] == ["inventory.parquet"]
+    # Written atomically: no temp file left next to it (the probes' journal and its lock are).
+    assert sorted(p.name for p in demo.inventory.parent.iterdir()) == [
+        "inventory.jsonl", "inventory.jsonl.lock", "inventory.parquet"]
 
 
 def test_duplicate_post_ids_name_the_rows(demo, tmp_path):
@@ -367,3 +369,27 @@ def test_probe_works_with_a_pyav_that_has_no_metadata_errors_option(tmp_path, mo
     monkeypatch.setattr(av, "open", pyav19_open)
     info = probe(path)
     assert info["probe_error"] is None and info["duration_s"] > 0 and (info["width"], info["height"]) == (320, 180)
+
+
+def test_a_rerun_probes_only_the_files_that_changed(tmp_path, demo):
+    """The probes are journaled with each file's identity: a rerun probes what is new or replaced."""
+    media = tmp_path / "media"
+    media.mkdir()
+    good = [p for p, e in demo.expected.items() if e["kind"] == "speech"][:2]
+    for i, pid in enumerate(good):
+        shutil.copy(demo.root / demo.expected[pid]["video_path"], media / f"v{i}.mp4")
+    (tmp_path / "posts.csv").write_text("post_id,video_path\na,media/v0.mp4\nb,media/v1.mp4\n")
+    config = {"posts": str(tmp_path / "posts.csv"), "media_root": str(media)}
+    out = tmp_path / "results" / "inventory.parquet"
+    journal = out.with_name("inventory.jsonl")
+    build_inventory(config, out, threads=2)
+    build_inventory(config, out, threads=2)
+    assert len(journal.read_text().splitlines()) == 2  # nothing probed again
+    before = {r["post_id"]: r for r in pq.read_table(out).to_pylist()}
+    (media / "v1.mp4").write_bytes(b"")  # replaced at the same path by a broken download
+    build_inventory(config, out, threads=2)
+    lines = [json.loads(line) for line in journal.read_text().splitlines()]
+    assert len(lines) == 3 and lines[-1]["video_path"] == os.path.realpath(media / "v1.mp4")
+    after = {r["post_id"]: r for r in pq.read_table(out).to_pylist()}
+    assert after["a"] == before["a"]
+    assert before["b"]["probe_error"] is None and after["b"]["probe_error"]

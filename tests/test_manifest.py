@@ -37,16 +37,21 @@ def base_rows():
     ]
 
 
-def transcripts(tmp_path):
-    return [write_transcripts([
+def transcripts(tmp_path, rows):
+    """a, b and c have their own transcript; any other post of ``rows`` but "d" an empty one."""
+    own = [
         {"post_id": "a", "text": "these shoes are great <transcript>", "status": "ok"},
         {"post_id": "b", "text": None, "status": "no_audio"},
         {"post_id": "c", "text": "garbage", "status": "error", "error": "decode failed"},
-    ], tmp_path / "chunk-0.parquet")]
+    ]
+    others = [{"post_id": r["post_id"], "text": "", "status": "ok"} for r in rows
+              if r["post_id"] not in {"a", "b", "c", "d"}]
+    return [write_transcripts(own + others, tmp_path / "chunk-0.parquet")]
 
 
 def run(cfg, tmp_path, rows=None, transcode_rows=None, n_shards=2):
-    inv = write_inventory(rows or base_rows(), tmp_path / "inventory.parquet")
+    rows = rows or base_rows()
+    inv = write_inventory(rows, tmp_path / "inventory.parquet")
     tcp = []
     if transcode_rows is not None:
         tcp = [tmp_path / "tc-0.parquet"]
@@ -54,7 +59,7 @@ def run(cfg, tmp_path, rows=None, transcode_rows=None, n_shards=2):
         write_parquet(pa.Table.from_pylist(full, schema=tc.SCHEMA), tcp[0])
     out = tmp_path / "manifest"
     shards = [out / f"shard-{i}.parquet" for i in range(n_shards)]
-    manifest.build(cfg, inv, transcripts(tmp_path), tcp, shards, out / "excluded.parquet", out / "plan.csv")
+    manifest.build(cfg, inv, transcripts(tmp_path, rows), tcp, shards, out / "excluded.parquet", out / "plan.csv")
     reqs = pa.concat_tables([pq.read_table(p).append_column("shard", pa.array([i] * pq.read_metadata(p).num_rows))
                              for i, p in enumerate(shards)])
     excl = {r["post_id"]: r for r in pq.read_table(out / "excluded.parquet").to_pylist()}
@@ -65,15 +70,15 @@ def run(cfg, tmp_path, rows=None, transcode_rows=None, n_shards=2):
 def test_requests_exclusions_and_plan(tmp_path):
     cfg = make_config(tmp_path)
     reqs, excl, plan = run(cfg, tmp_path)
-    assert set(reqs) == {"a", "b", "c"}
+    assert set(reqs) == {"a", "b"}
     assert excl["broken"]["reason"] == "probe_error" and excl["broken"]["detail"] == "moov atom not found"
     # Needs re-planning, but no transcoded media exists: it must not reach the server.
     assert excl["long"]["reason"] == "too_long" and "transcode" in excl["long"]["detail"]
     assert excl["long"]["video_path"] == f"{MEDIA}/long.mp4"
-    # Transcript: ok is used; no_audio and error are empty transcripts, not exclusions.
+    # Transcript: ok is used; no_audio is an empty transcript; a failed one is an exclusion of its own.
     assert reqs["a"]["transcript"] == "these shoes are great <transcript>"
-    assert reqs["b"]["transcript"] == "" and reqs["c"]["transcript"] == ""
-    assert "(no speech)" in reqs["c"]["prompt"]
+    assert reqs["b"]["transcript"] == "" and "(no speech)" in reqs["b"]["prompt"]
+    assert excl["c"]["reason"] == "transcript_error" and "decode failed" in excl["c"]["detail"]
     # Estimates: a = 10 s 720p = 20 frames -> 10 pairs * 720 cells.
     assert reqs["a"]["est_visual_tokens"] == 7200
     assert reqs["b"]["est_visual_tokens"] == 20 * 720
@@ -81,11 +86,30 @@ def test_requests_exclusions_and_plan(tmp_path):
         assert r["est_prompt_tokens"] == r["est_visual_tokens"] + r["est_text_tokens"]
         assert r["media_path"] == r["video_path"] and r["plan"] == "as-is"
     # plan.csv agrees with the shard files.
-    assert sum(int(p["requests"]) for p in plan) == 3
+    assert sum(int(p["requests"]) for p in plan) == 2
     for p in plan:
         mine = [r for r in reqs.values() if r["shard"] == int(p["shard"])]
         assert int(p["requests"]) == len(mine)
         assert int(p["est_prompt_tokens"]) == sum(r["est_prompt_tokens"] for r in mine)
+
+
+def test_a_missing_transcript_is_never_told_to_the_model_as_no_speech(tmp_path):
+    """A post whose transcript failed is excluded (transcript_error); with transcribe.on_error:
+    classify_without it is classified with a prompt that says the transcript is unavailable, and its
+    row says so. A post missing from every transcript chunk is the same."""
+    rows = base_rows() + [inventory_row("d", f"{MEDIA}/d.mp4", duration_s=5.0, fps=25.0, width=640, height=480)]
+    _, excl, _ = run(make_config(tmp_path), tmp_path, rows=rows)
+    assert excl["c"]["reason"] == "transcript_error" and "decode failed" in excl["c"]["detail"]
+    assert excl["d"]["reason"] == "transcript_error" and "no transcript" in excl["d"]["detail"]
+    cfg = make_config(tmp_path)
+    cfg["transcribe"]["on_error"] = "classify_without"
+    reqs, excl, _ = run(cfg, tmp_path, rows=rows)
+    assert {"c", "d"} <= set(reqs) and not {"c", "d"} & set(excl)
+    for pid in ("c", "d"):
+        assert "(transcript unavailable)" in reqs[pid]["prompt"] and "(no speech)" not in reqs[pid]["prompt"]
+        assert reqs[pid]["transcript_status"] == "unavailable"
+    assert reqs["a"]["transcript_status"] == "ok" and reqs["b"]["transcript_status"] == "no_audio"
+    assert "(no speech)" in reqs["b"]["prompt"]
 
 
 def test_untrusted_text_stays_in_its_block(tmp_path):
@@ -107,7 +131,7 @@ def test_request_id_stable_and_sensitive(tmp_path):
     assert ids == {k: v["request_id"] for k, v in reqs2.items()}
     c = cfg["classify"]
     assert ids["a"] == pr.request_id("a", c["prompt_template"], c["questions"])
-    assert len(set(ids.values())) == 3
+    assert len(set(ids.values())) == len(ids) == 2
     for change in ("template", "questions"):
         cfg2 = copy.deepcopy(cfg)
         if change == "template":
@@ -146,7 +170,7 @@ def test_transcoded_media_is_used_and_reestimated(tmp_path):
          "height": 560, "duration_s": 600.0, "frames": 75, "plan_action": "replan",
          "plan": "replan: fps 2->0.125 (visual tokens 276480->27360)"},
         # A failed transcode of a post that fits: falls back to the original file.
-        {"post_id": "c", "status": "error", "error": "ffmpeg failed: boom", "plan_action": "as-is", "plan": "as-is"},
+        {"post_id": "b", "status": "error", "error": "ffmpeg failed: boom", "plan_action": "as-is", "plan": "as-is"},
     ]
     reqs, excl, _ = run(cfg, tmp_path, transcode_rows=rows)
     assert "long" not in excl
@@ -154,7 +178,7 @@ def test_transcoded_media_is_used_and_reestimated(tmp_path):
     assert reqs["long"]["video_path"] == f"{MEDIA}/long.mp4"
     assert reqs["long"]["est_visual_tokens"] == 37 * 720  # 74 of the 75 frames (an even count): 37 pairs
     assert reqs["long"]["plan"].startswith("replan: fps 2->0.125")
-    assert reqs["c"]["media_path"] == f"{MEDIA}/c.mp4" and "transcode failed" in reqs["c"]["plan"]
+    assert reqs["b"]["media_path"] == f"{MEDIA}/b.mp4" and "transcode failed" in reqs["b"]["plan"]
 
     # A failed transcode of a post that needed re-planning is excluded with that reason.
     rows[0] = {"post_id": "long", "status": "error", "error": "ffmpeg failed: disk full", "plan_action": "replan"}

@@ -13,7 +13,7 @@ import pytest
 
 from vidlabel.analyze import aggregate, merge
 from vidlabel.core import config as vconfig
-from vidlabel.serve.classify import LABEL_SCHEMA
+from vidlabel.serve.record import LABEL_SCHEMA
 
 QUESTIONS = [{"id": "promotes_product", "text": "Product?"}, {"id": "shows_face", "text": "Face?"}]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -98,9 +98,10 @@ def test_merge_one_row_per_post(fabricated):
     f = fabricated
     table = pq.read_table(_merge(f))
     assert table.column_names == ["post_id", "shard", "status", "error_kind", "error", "promotes_product",
-                                  "shows_face", "prompt_tokens", "completion_tokens", "latency_s", "started_at",
-                                  "finished_at", "answer_probs", "model", "server", "settings_fingerprint",
-                                  "prompt_hash", "request_fingerprint", "gpus"]
+                                  "shows_face", "latency_s", "started_at", "finished_at", "prompt_tokens",
+                                  "completion_tokens", "answer_probs", "transcript_status", "model",
+                                  "model_revision", "server", "server_fingerprint", "settings_fingerprint",
+                                  "prompt_hash", "request_fingerprint", "gpus", "job_id"]
     rows = table.to_pylist()
     assert [r["post_id"] for r in rows] == f["order"]  # inventory order kept
     by_id = {r["post_id"]: r for r in rows}
@@ -616,3 +617,43 @@ def test_load_human_labels_leaves_the_connection_usable(tmp_path):
     assert described["usable"] == 2 and described["posts"] == 2 and described["design"] == "uniform"
     rows = con.sql("SELECT post_id, y FROM human_resolved ORDER BY post_id").fetchall()
     assert rows == [("p00000", 1.0), ("p00001", 0.0)]
+
+
+def test_records_re_dealt_to_other_shards_keep_the_busy_time_of_the_jobs_that_made_them(tmp_path):
+    """Three shard jobs ran at the same time; then classify.shards went to 4 and every record was copied
+    into the new shards' journals (stamped with the new shard, keeping its job). Busy time and GPU-hours
+    are the three jobs', not the union of each new shard's mixture of them."""
+    cfg = _config()
+    pq.write_table(pa.table({"post_id": [f"p{i}" for i in range(120)]}), tmp_path / "inventory.parquet")
+    pq.write_table(pa.table({"post_id": pa.array([], pa.string()), "video_path": pa.array([], pa.string()),
+                             "reason": pa.array([], pa.string()), "detail": pa.array([], pa.string())}),
+                   tmp_path / "excluded.parquet")
+
+    def record(i: int, shard: int) -> dict:
+        job = i % 3  # the job that answered it: jobs 0, 1 and 2 ran side by side, 40 requests each
+        start = 1_000.0 + (i // 3) * 2.0
+        return {"request_id": f"r{i}", "post_id": f"p{i}", "shard": shard, "status": "ok", "attempts": 1,
+                "sends": 1, "answers": json.dumps({"promotes_product": "no", "shows_face": "no"}),
+                "prompt_tokens": 100, "completion_tokens": 9, "started_at": start, "finished_at": start + 2.0,
+                "latency_s": 2.0, "model": "m", "server": "s", "settings_fingerprint": "f", "prompt_hash": "h",
+                "request_fingerprint": f"x{i}", "gpus": 4, "job_id": f"shard-{job}/20250101T000000Z/00000{job}"}
+
+    def gpu_hours(records_by_shard: dict[int, list[dict]]) -> dict[str, dict]:
+        paths = []
+        for shard, rows in records_by_shard.items():
+            _write_shard(tmp_path / f"s{shard}.parquet", rows)
+            paths.append(tmp_path / f"s{shard}.parquet")
+        out = tmp_path / "labels.parquet"
+        merge.merge(cfg, tmp_path / "inventory.parquet", tmp_path / "excluded.parquet", paths, out)
+        aggregate.run(cfg, out, None, tmp_path / "summary")
+        for p in paths:
+            p.unlink()
+        rows = _read_csv(tmp_path / "summary" / "throughput.csv")
+        return {r["shard"] if r["shard"] == "all" else r["job"]: r for r in rows}
+
+    three = gpu_hours({s: [record(i, s) for i in range(120) if i % 3 == s] for s in range(3)})
+    four = gpu_hours({s: [record(i, s) for i in range(120) if i % 4 == s] for s in range(4)})
+    assert _f(three["all"]["busy_s"]) == pytest.approx(3 * (39 * 2.0 + 2.0))  # each job: 40 back-to-back requests
+    assert _f(four["all"]["gpu_hours"]) == pytest.approx(_f(three["all"]["gpu_hours"]))
+    assert sorted(k for k in four if k != "all") == sorted(k for k in three if k != "all")  # the same three jobs
+    assert {four[k]["shard"] for k in four if k != "all"} == {"0", "1", "2"}  # each job's own shard

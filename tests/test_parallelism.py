@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from vidlabel.core import config as vconfig
+from vidlabel.serve.settings import ServeSettings
 from vidlabel.serve.parallelism import (
     GIB,
     ParallelismError,
@@ -26,9 +27,11 @@ H200_GIB = 143771 / 1024  # nvidia-smi memory.total of an H200, MiB
 H100_80_GIB = 81559 / 1024
 
 
-def config(model: Path | str, memory_gib: float | None = None, **classify) -> dict:
-    return vconfig.validate({"posts": "p.csv", "media_root": "/m",
-                             "classify": {"model": str(model), "gpu_memory_gib": memory_gib, **classify}})
+def config(model: Path | str, memory_gib: float | None = None, planning: dict | None = None,
+           **classify) -> ServeSettings:
+    return ServeSettings.from_config(vconfig.validate({
+        "posts": "p.csv", "media_root": "/m", "results": "/m/results", "planning": planning or {},
+        "classify": {"model": str(model), "gpu_memory_gib": memory_gib, **classify}}))
 
 
 def gpus(n: int) -> dict:
@@ -116,18 +119,16 @@ def test_classify_quantization_fp8_lays_out_the_smallest_tensor_parallel_size_th
 
 def test_gpu_decoding_takes_its_memory_from_the_fit():
     # 8 API servers decoding on the GPU hold 15.4 GiB of it: a 72B FP8 copy still fits one H200 ...
-    cfg = config(QWEN_72B, H200_GIB, quantization="fp8")
-    cfg["planning"]["decode"] = "gpu"
+    cfg = config(QWEN_72B, H200_GIB, planning={"decode": "gpu"}, quantization="fp8")
     layout = choose_layout(cfg, 32768, gpus(1))
     assert layout.tensor == 1 and "GPU decoding 15.4 GiB per GPU" in layout.reason, layout.reason
     # ... but a GPU just large enough without decoding is not enough with it.
     weights = 73.41e9 / GIB  # FP8: one byte per parameter
     kv = 2 * 80 * 8 * 128 * 2 * 32768 / GIB
     snug = (weights + kv + 4.0 + 1.0) / 0.9
-    cfg = config(QWEN_72B, snug, quantization="fp8")
-    assert choose_layout(cfg, 32768, gpus(2)).tensor == 1
-    cfg["planning"]["decode"] = "gpu"
-    assert choose_layout(cfg, 32768, gpus(2)).tensor == 2
+    assert choose_layout(config(QWEN_72B, snug, quantization="fp8"), 32768, gpus(2)).tensor == 1
+    assert choose_layout(config(QWEN_72B, snug, planning={"decode": "gpu"}, quantization="fp8"), 32768,
+                         gpus(2)).tensor == 2
 
 
 def test_a_checkpoint_quantized_already_is_not_shrunk_again(tmp_path):
@@ -185,7 +186,7 @@ def test_gpus_and_memory_from_nvidia_smi_when_nothing_says_otherwise(monkeypatch
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     assert granted_gpus({}) == (["0", "1"], "nvidia-smi -L")
     assert granted_gpus({"CUDA_VISIBLE_DEVICES": "3"}) == (["3"], "CUDA_VISIBLE_DEVICES")
-    memory, source = gpu_memory_gib(config(QWEN_72B, None))
+    memory, source = gpu_memory_gib(config(QWEN_72B, None).layout)
     assert memory == pytest.approx(H200_GIB) and source == "nvidia-smi memory.total"
     layout = choose_layout(config(QWEN_72B, None), 32768, {})
     assert (layout.tensor, layout.data) == (2, 1), layout.reason
@@ -233,7 +234,7 @@ def test_one_server_per_copy_with_its_gpus_and_balanced_requests(tmp_path, monke
     """tensor 1 x data 2 on a job granted GPUs 4,5: two stand-in servers, one per GPU; the client
     spreads the requests over both and keeps classify.concurrency in flight at each."""
     import pyarrow.parquet as pq
-    from standin import read_request_log
+    from standin import is_probe, read_request_log
 
     from vidlabel.serve.classify import run_shard
 
@@ -246,7 +247,7 @@ def test_one_server_per_copy_with_its_gpus_and_balanced_requests(tmp_path, monke
     logs = {i: (tmp_path / f"server.copy-{i}.log").read_text() for i in (0, 1)}
     assert "CUDA_VISIBLE_DEVICES 4," in logs[0] and "CUDA_VISIBLE_DEVICES 5," in logs[1]
     assert all("tensor 1 x data 1, api servers 4" in text for text in logs.values())  # 16 CPUs / 2 copies / 2
-    events = [e for e in read_request_log(log) if not (e["request_id"] or "").startswith("smoke-")]
+    events = [e for e in read_request_log(log) if not is_probe(e["request_id"])]
     by_server: dict[int, list] = {}
     for e in events:
         by_server.setdefault(e["pid"], []).append(e)
@@ -259,7 +260,7 @@ def test_one_server_per_copy_with_its_gpus_and_balanced_requests(tmp_path, monke
 
 def test_vllm_data_parallel_is_one_server_with_the_copies_behind_one_port(tmp_path, monkeypatch):
     import pyarrow.parquet as pq
-    from standin import read_request_log
+    from standin import is_probe, read_request_log
 
     from vidlabel.serve.classify import run_shard
 
@@ -270,5 +271,5 @@ def test_vllm_data_parallel_is_one_server_with_the_copies_behind_one_port(tmp_pa
     assert {r["status"] for r in pq.read_table(tmp_path / "labels.parquet").to_pylist()} == {"ok"}
     text = (tmp_path / "server.log").read_text()
     assert "CUDA_VISIBLE_DEVICES 0,1," in text and "tensor 1 x data 2" in text
-    events = [e for e in read_request_log(log) if not (e["request_id"] or "").startswith("smoke-")]
+    events = [e for e in read_request_log(log) if not is_probe(e["request_id"])]
     assert len({e["pid"] for e in events}) == 1 and _in_flight_max(events) == 4

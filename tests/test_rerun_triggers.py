@@ -6,6 +6,8 @@ under (the user's story: run, edit, run the same command again). Only the GPU se
 
 from __future__ import annotations
 
+import csv
+import json
 import re
 import sys
 
@@ -146,17 +148,66 @@ def test_user_story_edit_a_question_then_drop_dummy_weights(tmp_path, demo_set):
     assert len(fingerprints) == len(real)
 
 
-def test_more_shards_send_nothing_twice(tmp_path, demo_set):
+def test_more_shards_send_nothing_twice_and_keep_the_gpu_hours(tmp_path, demo_set):
+    """classify.shards from 3 to 4: the re-dealt posts find their answers in the other journals, and
+    the busy time of the jobs that made them (shard jobs run side by side: --resources gpu=3)."""
     demo_root, _ = demo_set
     overlay(tmp_path, demo_root)
-    run_snakemake(tmp_path)
-    before = sent(tmp_path)
+    run_snakemake(tmp_path, "--resources", "gpu=3")
+    before, hours = sent(tmp_path), gpu_hours(tmp_path)
     overlay(tmp_path, demo_root, classify={"shards": 4})
-    run_snakemake(tmp_path)
-    assert sent(tmp_path) == before  # re-dealt posts find their answers in the other journals
+    run_snakemake(tmp_path, "--resources", "gpu=3")
+    assert sent(tmp_path) == before  # nothing sent twice
     rows = labels(tmp_path)
-    assert {r["shard"] for r in rows if r["shard"] is not None} <= {0, 1, 2, 3}
+    assert {r["shard"] for r in rows if r["shard"] is not None} == {0, 1, 2, 3}
     assert all(r["status"] != "ok" or r["promotes_product"] in ("yes", "no") for r in rows)
+    assert gpu_hours(tmp_path) == pytest.approx(hours, rel=0.05)
+    assert len({r["job_id"] for r in rows if r["status"] == "ok"}) == 3  # the first run's three jobs
+
+
+def gpu_hours(workdir) -> float:
+    summary = model_dir(workdir / "results") / "summary" / "throughput.csv"
+    return float(next(r for r in csv.DictReader(summary.open()) if r["shard"] == "all")["gpu_hours"])
+
+
+def test_user_story_a_video_replaced_at_the_same_path(tmp_path):
+    """A post's video downloaded again (another clip at the same path): the same command makes a new
+    transcript and a new answer for it, and sends that post alone again."""
+    from vidlabel.demo import make_demo_set
+
+    demo_root = tmp_path / "demo"
+    expected = make_demo_set(demo_root, n=2)
+    first, second = (demo_root / expected[p]["video_path"] for p in ("good-01", "good-02"))
+    assert expected["good-01"]["promotes_product"] and not expected["good-02"]["promotes_product"]
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    overlay(workdir, demo_root, classify={"shards": 2})
+    run_snakemake(workdir)
+    before = sent(workdir)
+    answer = {r["post_id"]: r for r in labels(workdir)}
+    assert answer["good-01"]["promotes_product"] == "yes"
+
+    first.write_bytes(second.read_bytes())  # the same path, another video
+    assert planned_jobs(workdir).get("inventory") == 1  # the media's state is the inventory's params
+    run_snakemake(workdir)
+    again = sent(workdir)[len(before):]
+    rows = {r["post_id"]: r for r in labels(workdir)}
+    assert again == [rid(workdir, "good-01")]  # that post alone, once
+    assert rows["good-01"]["promotes_product"] == "no"
+    assert rows["good-01"]["request_fingerprint"] != answer["good-01"]["request_fingerprint"]
+    assert all(rows[p] == answer[p] for p in rows if p != "good-01")
+    transcripts = {r["post_id"]: r for path in sorted((workdir / "results" / "transcripts").glob("chunk-*.parquet"))
+                   for r in pq.read_table(path).to_pylist()}
+    assert "pasta" in transcripts["good-01"]["text"].lower() and "buy" not in transcripts["good-01"]["text"].lower()
+
+
+def rid(workdir, post_id: str) -> str:
+    """The request id of a post in the run's manifest."""
+    for path in (workdir / "results" / "manifest").glob("shard-*.parquet"):
+        for row in pq.read_table(path, columns=["post_id", "request_id"]).to_pylist():
+            if row["post_id"] == post_id:
+                return row["request_id"]
+    raise KeyError(post_id)
 
 
 def prompt_hash(workdir) -> str:
@@ -165,3 +216,35 @@ def prompt_hash(workdir) -> str:
         cfg = load(REPO / "config" / "config.yaml", yaml.safe_load(fh))
     c = cfg["classify"]
     return stage_settings.digest([c["prompt_template"], c["questions"]])
+
+
+def test_user_story_a_checkpoint_overwritten_in_place_then_a_chat_template_edited(tmp_path, demo_set):
+    """classify.model is a local folder and server_args name a chat template: overwriting the folder
+    with a new fine-tune, then editing the template, each rerun classify through the same command and
+    send every request again, and the labels say which model files answered."""
+    demo_root, _ = demo_set
+    folder, template = tmp_path / "checkpoint", tmp_path / "chat.jinja"
+    folder.mkdir()
+    qwen = json.loads((REPO / "tests" / "data" / "qwen2_5_vl_7b" / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**qwen, "fine_tune": 1}))
+    (folder / "model.safetensors").write_bytes(b"\0" * 1024)
+    template.write_text("{{ messages }}")
+    classify = {"model": str(folder), "server_args": f"--chat-template {template}"}
+    overlay(tmp_path, demo_root, classify=classify)
+    run_snakemake(tmp_path)
+    first = sent(tmp_path)
+    revisions = [{r["model_revision"] for r in labels(tmp_path) if r["status"] == "ok"}]
+    assert planned_jobs(tmp_path) == {}
+
+    (folder / "config.json").write_text(json.dumps({**qwen, "fine_tune": 2}))
+    assert planned_jobs(tmp_path) == FROM_CLASSIFY
+    run_snakemake(tmp_path)
+    second = sent(tmp_path)[len(first):]
+    assert sorted(second) == sorted(first)  # every request again
+    revisions.append({r["model_revision"] for r in labels(tmp_path) if r["status"] == "ok"})
+
+    template.write_text("{{ messages }} ")
+    assert planned_jobs(tmp_path) == FROM_CLASSIFY
+    run_snakemake(tmp_path)
+    assert sorted(sent(tmp_path)[len(first) + len(second):]) == sorted(first)
+    assert [len(r) for r in revisions] == [1, 1] and revisions[0] != revisions[1]

@@ -19,19 +19,23 @@ from standin import standin_command
 from standin.shards import make_config
 
 from vidlabel.core import config as vconfig
-from vidlabel.serve.parallelism import Layout
-from vidlabel.serve.server import (
-    BROKEN_SMOKE_TRIES,
-    ServerBroken,
+from vidlabel.serve.command import (
+    CommandError,
     ServerCopy,
-    ServerError,
-    VLLMServer,
     api_server_count,
     build_command,
     granted_cpus,
     server_copies,
     server_environment,
 )
+from vidlabel.serve.parallelism import Layout
+from vidlabel.serve.server import BROKEN_SMOKE_TRIES, ServerBroken, ServerError, VLLMServer
+from vidlabel.serve.settings import ServeSettings
+
+
+def settings(cfg: dict) -> ServeSettings:
+    return ServeSettings.from_config(cfg)
+
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -68,7 +72,7 @@ def test_default_command_fills_every_field_and_keeps_json_arguments(tmp_path):
                             "results": str(tmp_path / "results"),
                             "classify": {"max_model_len": 16384, "server_args": "--enforce-eager --seed 7"},
                             "planning": {"over_limit": "exclude"}})
-    argv = build_command(cfg, 8123, _copy(tensor=2, data=1, api_servers=3))
+    argv = build_command(settings(cfg).server, 8123, _copy(tensor=2, data=1, api_servers=3))
     assert argv[:3] == ["vllm", "serve", "Qwen/Qwen2.5-VL-72B-Instruct"]
     opt = {argv[i]: argv[i + 1] for i in range(3, len(argv) - 1) if argv[i].startswith("--")}
     assert opt["--host"] == "127.0.0.1" and opt["--port"] == "8123"
@@ -87,41 +91,42 @@ def test_default_command_fills_every_field_and_keeps_json_arguments(tmp_path):
     assert "--api-key" not in argv
     # Re-planned videos are transcoded under results/: the server may then read the common parent.
     cfg["planning"]["over_limit"] = "replan"
-    argv = build_command(cfg, 8123, _copy())
+    argv = build_command(settings(cfg).server, 8123, _copy())
     assert argv[argv.index("--allowed-local-media-path") + 1] == os.path.realpath(tmp_path)
 
 
 def test_bad_template_field_and_bad_server_args_are_named(tmp_path):
     cfg = vconfig.validate({"posts": "p.csv", "media_root": str(tmp_path), "results": str(tmp_path / "r"),
                             "classify": {"server_command": "vllm serve {modle} --port {port}"}})
-    with pytest.raises(ServerError, match="classify.server_command.*modle"):
-        build_command(cfg, 1, _copy())
+    with pytest.raises(CommandError, match="classify.server_command.*modle"):
+        build_command(settings(cfg).server, 1, _copy())
     cfg = vconfig.validate({"posts": "p.csv", "media_root": str(tmp_path), "results": str(tmp_path / "r"),
                             "classify": {"server_args": "--seed 'unclosed"}})
-    with pytest.raises(ServerError, match="classify.server_args"):
-        build_command(cfg, 1, _copy())
+    with pytest.raises(CommandError, match="classify.server_args"):
+        build_command(settings(cfg).server, 1, _copy())
 
 
 def test_api_servers_and_media_threads_follow_the_cpus_of_each_copy(tmp_path):
     cfg = vconfig.validate({"posts": "p.csv", "media_root": str(tmp_path), "results": str(tmp_path / "r")})
-    assert [api_server_count(cfg, n) for n in (2, 4, 8, 16, 32, 64)] == [1, 2, 4, 8, 8, 8]
+    assert [api_server_count(settings(cfg).server, n) for n in (2, 4, 8, 16, 32, 64)] == [1, 2, 4, 8, 8, 8]
     cfg["classify"]["api_server_count"] = 2
-    assert api_server_count(cfg, 64) == 2
+    assert api_server_count(settings(cfg).server, 64) == 2
     cfg["classify"]["api_server_count"] = None
     env = {"SLURM_CPUS_PER_GPU": "8", "CUDA_VISIBLE_DEVICES": "4,5,6,7"}
     four = Layout(1, 4, ("4", "5", "6", "7"), "test")
-    copies = server_copies(cfg, four, tmp_path / "server-3.log", env)
+    copies = server_copies(settings(cfg), four, tmp_path / "server-3.log", env)
     # One server per GPU, each with its GPU, its log, and a quarter of the job's 32 CPUs.
     assert [c.gpus for c in copies] == [("4",), ("5",), ("6",), ("7",)]
     assert [c.log_path.name for c in copies] == [f"server-3.copy-{i}.log" for i in range(4)]
     assert {(c.cpus, c.api_servers, c.tensor, c.data) for c in copies} == {(8, 4, 1, 1)}
     assert {c.media_threads for c in copies} == {2}
     cfg["classify"]["data_parallel_backend"] = "vllm"
-    (one,) = server_copies(cfg, four, tmp_path / "server-3.log", env)
+    (one,) = server_copies(settings(cfg), four, tmp_path / "server-3.log", env)
     assert (one.gpus, one.tensor, one.data, one.cpus, one.api_servers) == (("4", "5", "6", "7"), 1, 4, 32, 8)
     assert one.log_path.name == "server-3.log"
     # Fake or absent GPUs are not pinned: the variable is left as the job had it.
-    (unpinned,) = server_copies(cfg, Layout(2, 1, ("0", "1"), "test"), tmp_path / "s.log", {"SLURM_CPUS_PER_TASK": "8"})
+    (unpinned,) = server_copies(settings(cfg), Layout(2, 1, ("0", "1"), "test"),
+                                tmp_path / "s.log", {"SLURM_CPUS_PER_TASK": "8"})
     assert unpinned.gpus == ()
 
 
@@ -129,7 +134,7 @@ def test_key_in_environment_not_argv_and_required_by_the_server(tmp_path):
     cfg = _config(tmp_path)
 
     async def scenario():
-        with VLLMServer(cfg, tmp_path / "server.log") as server:
+        with VLLMServer(settings(cfg), tmp_path / "server.log") as server:
             await server.wait_ready()
             pid = server.proc.pid
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode()
@@ -155,7 +160,7 @@ def test_key_in_environment_not_argv_and_required_by_the_server(tmp_path):
 
 def test_two_servers_get_different_ports_and_keys(tmp_path):
     cfg = _config(tmp_path)
-    a, b = VLLMServer(cfg, tmp_path / "a.log"), VLLMServer(cfg, tmp_path / "b.log")
+    a, b = VLLMServer(settings(cfg), tmp_path / "a.log"), VLLMServer(settings(cfg), tmp_path / "b.log")
     assert a.port != b.port and a.api_key != b.api_key and len(a.api_key) >= 32
 
 
@@ -166,14 +171,14 @@ def test_exit_during_startup_fails_at_once_with_log_tail(tmp_path):
                   startup_timeout_s=120)
     # Fails on the exit itself, not on the (long) startup timeout.
     with pytest.raises(ServerError, match="exited during startup") as info:
-        with VLLMServer(cfg, tmp_path / "server.log") as server:
+        with VLLMServer(settings(cfg), tmp_path / "server.log") as server:
             asyncio.run(server.wait_ready())
     assert "status 7" in str(info.value) and "out of memory" in str(info.value)
 
 
 def test_slow_start_is_waited_for(tmp_path):
     cfg = _config(tmp_path, server_command=standin_command(sys.executable, None, "--slow-start", "1.5"))
-    with VLLMServer(cfg, tmp_path / "server.log") as server:
+    with VLLMServer(settings(cfg), tmp_path / "server.log") as server:
         with pytest.raises(httpx.ConnectError):  # still loading
             httpx.get(f"{server.root_url}/health")
         asyncio.run(server.wait_ready())
@@ -185,7 +190,7 @@ def test_smoke_request_failure_fails_readiness(tmp_path):
     cmd = standin_command(sys.executable, None).replace("--served-model {model}", "--served-model other")
     cfg = _config(tmp_path, server_command=cmd)
     with pytest.raises(ServerError, match="smoke request .* answered 404"):
-        with VLLMServer(cfg, tmp_path / "server.log") as server:
+        with VLLMServer(settings(cfg), tmp_path / "server.log") as server:
             asyncio.run(server.wait_ready())
 
 
@@ -198,7 +203,7 @@ def test_a_500_at_startup_means_broken_not_starting(tmp_path, fault, says):
     server, reported with its log tail after a few tries, not after startup_timeout_s of polling."""
     cfg = _config(tmp_path, server_command=standin_command(sys.executable, None, *fault), startup_timeout_s=30)
     with pytest.raises(ServerBroken, match=says) as info:
-        with VLLMServer(cfg, tmp_path / "server.log") as server:
+        with VLLMServer(settings(cfg), tmp_path / "server.log") as server:
             asyncio.run(server.wait_ready())
     assert f"{BROKEN_SMOKE_TRIES} times in a row" in str(info.value)
     assert "stand-in: listening on" in str(info.value)  # the server log's tail
@@ -219,7 +224,7 @@ def test_teardown_kills_the_whole_group_after_grace(tmp_path):
     script.write_text(STUBBORN)
     cfg = _config(tmp_path, server_command=f"{shlex.quote(sys.executable)} {script} {{port}}",
                   shutdown_grace_s=0.5)
-    server = VLLMServer(cfg, tmp_path / "server.log").start()
+    server = VLLMServer(settings(cfg), tmp_path / "server.log").start()
     log = tmp_path / "server.log"
     deadline = time.monotonic() + 10
     while "child" not in log.read_text() and time.monotonic() < deadline:
@@ -236,7 +241,7 @@ def test_watchdog_reports_process_exit(tmp_path):
     cfg = _config(tmp_path)
 
     async def scenario():
-        with VLLMServer(cfg, tmp_path / "server.log") as server:
+        with VLLMServer(settings(cfg), tmp_path / "server.log") as server:
             await server.wait_ready()
             reasons = []
             task = asyncio.create_task(server.watchdog(reasons.append))
@@ -251,8 +256,9 @@ def test_watchdog_reports_process_exit(tmp_path):
 JOB_THAT_DIES = textwrap.dedent("""
     import asyncio, json, os, signal, sys
     from vidlabel.serve.server import VLLMServer
+    from vidlabel.serve.settings import ServeSettings
     cfg = json.load(open(sys.argv[1]))
-    server = VLLMServer(cfg, sys.argv[2]).start()
+    server = VLLMServer(ServeSettings.from_config(cfg), sys.argv[2]).start()
     asyncio.run(server.wait_ready())
     print(server.proc.pid, flush=True)
     if sys.argv[3] == "kill":
@@ -288,7 +294,7 @@ def test_port_taken_before_the_server_binds_is_retried(tmp_path, monkeypatch):
     monkeypatch.setattr(server_mod, "free_port", lambda: next(ports, None) or real_free_port())
     cfg = _config(tmp_path)
     try:
-        with VLLMServer(cfg, tmp_path / "server.log") as server:
+        with VLLMServer(settings(cfg), tmp_path / "server.log") as server:
             assert server.port == taken
             asyncio.run(server.wait_ready())
             assert server.port != taken

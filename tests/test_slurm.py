@@ -482,8 +482,9 @@ def local_rules() -> set[str]:
 # Each test's stand-in command differs (faults, barriers), and so do the fingerprints of the settings
 # and requests that name it; the answers and everything else must not.
 COMMAND_FINGERPRINTS = ("settings_fingerprint", "request_fingerprint")
-# The GPUs a job held: granted by SLURM on the cluster, none on the local profile.
-LAYOUT_COLUMNS = ("gpus",)
+# The GPUs a job held: granted by SLURM on the cluster, none on the local profile; and the job run
+# that answered (each run has its own id).
+LAYOUT_COLUMNS = ("gpus", "job_id")
 
 
 def labels_by_post(workdir: Path, ignore: tuple[str, ...] = ()) -> dict[str, dict]:
@@ -1099,7 +1100,7 @@ def test_each_server_copy_is_bound_to_its_own_granted_gpu(copies_run, local_refe
     servers = {e["pid"] for e in read_request_log(workdir / "requests.jsonl") if e["event"] == "completed"}
     assert len(servers) == 8
     # Another model name (it sizes the layout), so another model and server identity in the provenance.
-    ignore = ("model", "server")
+    ignore = ("model", "server", "server_fingerprint", "model_revision")
     assert labels_by_post(workdir, ignore) == labels_by_post(local_reference, ignore)
     assert {r["model"] for r in labels_by_post(workdir).values() if r["status"] == "ok"} == {"standin-7B"}
 

@@ -257,3 +257,92 @@ def test_changed_settings_make_journal_records_stale(demo, tmp_path):
     run_chunk(config, inventory, 0, out)  # new settings: done again
     records = [json.loads(line) for line in journal.read_text().splitlines()]
     assert len(records) == 2 and records[0]["settings"] != records[1]["settings"]
+
+
+# ---- transcripts keyed by what they were made from (vidlabel.core.identity) ---------------------------
+
+def one_post_inventory(demo, tmp_path, source: str = "good-01") -> tuple[Path, Path]:
+    """An inventory of one speech post whose video is a private copy (so that a test may replace it)."""
+    row = next(r for r in pq.read_table(demo.inventory).to_pylist() if r["post_id"] == source)
+    video = tmp_path / "media" / "post.mp4"
+    video.parent.mkdir(exist_ok=True)
+    video.write_bytes(Path(row["video_path"]).read_bytes())
+    row.update(post_id="post", video_path=str(video))
+    inventory = tmp_path / "inventory.parquet"
+    pq.write_table(pa.Table.from_pylist([row]), inventory)
+    return inventory, video
+
+
+def test_the_transcription_settings_are_the_stage_declaration(demo, tmp_path):
+    """transcribe.device is one of the stage's result settings (vidlabel.core.settings.STAGES): a
+    transcript made on another device is made again, like one of another model or beam size."""
+    inventory, _ = one_post_inventory(demo, tmp_path)
+    out = tmp_path / "chunk-0.parquet"
+    run_chunk(whisper_config(demo, device="auto"), inventory, 0, out)
+    run_chunk(whisper_config(demo, device="auto"), inventory, 0, out)
+    assert len(list(iter_records(journal_beside(out)))) == 1
+    run_chunk(whisper_config(demo, device="cpu"), inventory, 0, out)
+    assert len(list(iter_records(journal_beside(out)))) == 2
+
+
+def test_a_video_replaced_at_the_same_path_is_transcribed_again(demo, tmp_path):
+    inventory, video = one_post_inventory(demo, tmp_path, "good-01")
+    out = tmp_path / "chunk-0.parquet"
+    run_chunk(whisper_config(demo), inventory, 0, out)
+    first = read_chunk(out)["post"]
+    assert "buy" in words(first["text"])
+    # Downloaded again: another clip at the same path (the inventory still describes the old one).
+    other = next(r["video_path"] for r in pq.read_table(demo.inventory).to_pylist() if r["post_id"] == "good-02")
+    video.write_bytes(Path(other).read_bytes())
+    run_chunk(whisper_config(demo), inventory, 0, out)
+    second = read_chunk(out)["post"]
+    assert "buy" not in words(second["text"]) and "pasta" in words(second["text"])
+    assert second["transcript_id"] != first["transcript_id"]
+
+
+class FlakyBackend:
+    """The real Whisper model, failing its first ``fails`` calls as a GPU node's out-of-memory does."""
+
+    def __init__(self, cfg: dict, fails: int):
+        from vidlabel.prepare.transcribe import LazyBackend
+
+        self.real, self.fails, self.calls = LazyBackend(cfg), fails, 0
+        self.name = "faster-whisper"
+
+    def transcribe(self, audio):
+        self.calls += 1
+        if self.calls <= self.fails:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB")
+        return self.real.transcribe(audio)
+
+
+def test_a_passing_failure_is_retried_then_fails_the_chunk_and_the_rerun_finishes_it(demo, tmp_path):
+    inventory, _ = one_post_inventory(demo, tmp_path)
+    out = tmp_path / "chunk-0.parquet"
+    config = whisper_config(demo)
+    flaky = FlakyBackend(config["transcribe"], fails=100)
+    with pytest.raises(Exception, match=r"1 post\(s\).*post.*CUDA out of memory"):
+        run_chunk(config, inventory, 0, out, backend=flaky)
+    assert flaky.calls >= 2  # tried again within the job
+    assert not out.exists()  # no chunk with a missing transcript in it
+    records = list(iter_records(journal_beside(out)))
+    assert records and all(r["status"] == "error" and r["retryable"] for r in records)
+    # The passing cause is gone: the same command transcribes it.
+    run_chunk(config, inventory, 0, out, backend=FlakyBackend(config["transcribe"], fails=0))
+    row = read_chunk(out)["post"]
+    assert row["status"] == "ok" and "buy" in words(row["text"])
+
+
+def test_a_failure_that_never_passes_becomes_terminal_after_a_bound_of_runs(demo, tmp_path):
+    inventory, _ = one_post_inventory(demo, tmp_path)
+    out = tmp_path / "chunk-0.parquet"
+    config = whisper_config(demo)
+    for run in range(10):
+        try:
+            run_chunk(config, inventory, 0, out, backend=FlakyBackend(config["transcribe"], fails=10**6))
+            break
+        except Exception as exc:
+            assert "CUDA out of memory" in str(exc)
+    assert 1 <= run <= 5  # a few runs, not for ever
+    row = read_chunk(out)["post"]
+    assert row["status"] == "error" and "CUDA out of memory" in row["error"] and row["text"] is None

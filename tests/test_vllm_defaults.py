@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from planning_helpers import make_clip
-from standin import read_request_log, vllm_shim
+from standin import is_probe, read_request_log, vllm_shim
 from standin.shards import QUESTIONS
 
 from vidlabel.core import config as vconfig
@@ -106,7 +106,7 @@ def test_default_command_labels_every_valid_post(holdout, monkeypatch):
     assert {pid: r["status"] for pid, r in labels.items()} == {r["post_id"]: "ok" for r in requests}
     assert all(r["attempts"] == 1 for r in labels.values())
     assert {e["status"] for e in events if e["event"] == "completed" and e["request_id"]
-            and not e["request_id"].startswith("smoke-")} == {200}
+            and not is_probe(e["request_id"])} == {200}
     # Estimated and served prompt tokens agree within 2 % for every request.
     ratios = [r["est_prompt_tokens"] / r["prompt_tokens"] for r in labels.values()]
     assert all(abs(x - 1) <= 0.02 for x in ratios), sorted(ratios)
@@ -129,7 +129,7 @@ def test_the_old_default_command_stops_at_the_first_encoder_cache_refusal(holdou
     journal = [json.loads(x) for x in (root / "journal-old.jsonl").read_text().splitlines() if x.strip()]
     assert [r for r in journal if r["status"] != "ok" and not r.get("retryable")] == []
     videos = [e for e in read_request_log(root / "requests-old.jsonl")
-              if e["event"] == "completed" and not e["request_id"].startswith("smoke-")]
+              if e["event"] == "completed" and not is_probe(e["request_id"])]
     refused = [e for e in videos if e["status"] == 400 and "encoder cache" in e.get("error", "")]
     assert refused and len(videos) <= config["classify"]["concurrency"]  # not one per long video
 

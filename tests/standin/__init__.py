@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 SERVER_SCRIPT = Path(__file__).resolve().with_name("server.py")
+DEFAULT_VERSION = "0.26.0"  # what the stand-in's /version and the shim's `vllm --version` answer
 
 
 def _quote_for_template(text: str) -> str:
@@ -29,15 +30,25 @@ def standin_command(python: str | None = None, request_log: str | Path | None = 
     if request_log is not None:
         # The faults go to a file beside the request log, so that a rerun with other faults (or none)
         # runs the same server command, as a user's rerun does, and reuses the journaled answers.
-        # Two commands of one test that differ in their faults need two names (``faults_name``).
+        # Two commands of one test that differ in their faults need two names (``faults_name``). Both
+        # files are named in one JSON argument (--control), which is no file itself: vidlabel ties
+        # answers to the content of every file a server argument names.
         faults_file = Path(request_log).with_suffix(f".{faults_name}.json")
         faults_file.parent.mkdir(parents=True, exist_ok=True)
         faults_file.write_text(json.dumps([str(f) for f in faults]))
-        parts += ["--request-log", _quote_for_template(request_log),
-                  "--faults-file", _quote_for_template(faults_file)]
+        control = {"request_log": str(request_log), "faults_file": str(faults_file)}
+        parts += ["--control", _quote_for_template(json.dumps(control))]
     else:
         parts += [_quote_for_template(f) for f in faults]
     return " ".join(parts)
+
+
+# Requests of vidlabel's own probes (the readiness smoke request, the calibration videos), not of a job's traffic.
+PROBE_PREFIXES = ("smoke-", "calibrate-")
+
+
+def is_probe(request_id: str | None) -> bool:
+    return (request_id or "").startswith(PROBE_PREFIXES)
 
 
 def read_request_log(path: str | Path) -> list[dict]:
@@ -61,15 +72,21 @@ def vllm_shim(directory: str | Path, *standin_args: str, python: str | None = No
     rules (``--video-tokens qwen``), plus ``standin_args`` (faults, ``--yes-if``, ``--request-log``).
 
     Put ``directory`` first on PATH and keep vidlabel's default ``classify.server_command``: the test
-    then runs exactly the command a user's job runs.
+    then runs exactly the command a user's job runs. ``vllm --version`` prints the stand-in's version
+    (``--standin-version`` among ``standin_args``), as the real command line does.
     """
     path = Path(directory) / "vllm"
     path.parent.mkdir(parents=True, exist_ok=True)
     fixed = [str(SERVER_SCRIPT), "--video-tokens", "qwen", *map(str, standin_args)]
+    version = standin_args[list(standin_args).index("--standin-version") + 1] \
+        if "--standin-version" in standin_args else DEFAULT_VERSION
     path.write_text(
         f"#!{python or sys.executable}\n"
-        '"""vllm serve MODEL [flags] -> the stand-in server (tests only)."""\n'
+        '"""vllm serve MODEL [flags] -> the stand-in server; vllm --version -> its version (tests only)."""\n'
         "import os, sys\n"
+        "if sys.argv[1:] in (['--version'], ['-v']):\n"
+        f"    print({str(version)!r})\n"
+        "    sys.exit(0)\n"
         "if len(sys.argv) < 3 or sys.argv[1] != 'serve':\n"
         "    sys.exit('usage: vllm serve MODEL [options]')\n"
         f"fixed = {fixed!r}\n"

@@ -1,7 +1,7 @@
 """Stand-in for a vLLM OpenAI-compatible server, for tests and benchmarks (no GPU, no model).
 
 Launched by the classify job through the same ``classify.server_command`` template as ``vllm serve``.
-It behaves like vLLM 0.33 where the client can tell the difference:
+It behaves like vLLM 0.26 where the client can tell the difference:
 
 - reads the API key from ``VLLM_API_KEY``; ``/v1/*`` without ``Authorization: Bearer <key>`` → 401
   ``{"error":"Unauthorized"}``; ``/health`` and ``/metrics`` are open;
@@ -16,7 +16,10 @@ It behaves like vLLM 0.33 where the client can tell the difference:
 - ``max_tokens`` caps the output: a longer answer is cut and ``finish_reason`` is ``length``;
 - a capacity model: ``--slots`` running requests, a waiting queue, service time proportional to the
   prompt and output tokens, 503 "The engine is currently busy ..." above ``--max-queued`` waiting;
-- ``/metrics`` in Prometheus text with vLLM's metric names.
+- ``/metrics`` in Prometheus text with vLLM's metric names, the info gauge ``vllm:cache_config_info``
+  included; ``/server_info`` (the engine's config) only with VLLM_SERVER_DEV_MODE=1, as vLLM;
+- vidlabel's calibration requests (``X-Request-Id: calibrate-...``) are served like any other, but no
+  fault hits them and they count for none (``--crash-after``, ``--storm-503``, random faults).
 
 Started through ``tests/standin/bin``'s ``vllm`` (``vllm_shim``), it takes vLLM's own command line
 (the default ``classify.server_command``): unknown flags are refused as vLLM's parser would, and
@@ -68,6 +71,7 @@ import qwen_video
 from aiohttp import web
 
 VLLM_DEFAULT_BATCHED_TOKENS = 8192  # vLLM's API-server default on H100/H200
+CALIBRATION_PREFIX = "calibrate-"  # X-Request-Id of vidlabel's calibration requests (vidlabel.serve.probe)
 _QUESTION_LINE = re.compile(r"^\s*-\s*([a-z][a-z0-9_]*)\s*:", re.MULTILINE)
 _BLOCKS = re.compile(r"<(caption|transcript)>(.*?)</\1>", re.DOTALL | re.IGNORECASE)
 
@@ -98,14 +102,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--allowed-local-media-path", required=True)
     p.add_argument("--served-model", "--served-model-name", dest="served_model", default="standin-model")
     p.add_argument("--request-log", default=None, help="JSON-lines file of request events")
+    p.add_argument("--control", type=json.loads, default=None, metavar="JSON",
+                   help='{"request_log": PATH, "faults_file": PATH}: the two as one argument that names no file, '
+                        "so that a job's server command stays the same while the test changes them (vidlabel "
+                        "identifies every file-valued server argument by its content)")
     p.add_argument("--yes-if", action="append", default=[], metavar="QID=WORD")
     p.add_argument("--standin-version", default="0.26.0", help="what /version answers")
     p.add_argument("--answer-confidence", type=float, default=0.9,
                    help="probability the log-probabilities give the chosen answer")
     p.add_argument("--model-root", default=None, help="the model folder /v1/models names (default: the name)")
     # Token accounting.
-    p.add_argument("--video-tokens", choices=["bytes", "qwen"], default="bytes",
-                   help="bytes: file size / --bytes-per-video-token (cheap synthetic load); qwen: vLLM's rule")
+    p.add_argument("--video-tokens", choices=["bytes", "qwen"], default="qwen",
+                   help="qwen: vLLM's rule (the default); bytes: file size / --bytes-per-video-token (a cheap "
+                        "synthetic load, unlike any server: vidlabel's calibration says so)")
     p.add_argument("--bytes-per-video-token", type=float, default=64.0)
     p.add_argument("--chars-per-text-token", type=float, default=4.0)
     p.add_argument("--max-model-len", type=int, default=32768)
@@ -168,6 +177,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--media-io-kwargs", type=json.loads, default={})
     p.add_argument("--structured-outputs-config", type=json.loads, default={})
     p.add_argument("--generation-config", default="auto")
+    p.add_argument("--chat-template", default=None, help="a template file (or the template itself), as vLLM's")
     p.add_argument("--api-server-count", type=int, default=1)
     p.add_argument("--mm-processor-cache-gb", type=float, default=4.0)
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
@@ -181,10 +191,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="JSON list of further arguments (faults), read at start: a test changes the faults "
                         "between runs while the server command, and so the answers' fingerprint, stays the same")
     args = p.parse_args(argv)
-    if args.faults_file:
-        with open(args.faults_file) as fh:
+    control = args.control or {}
+    faults_file = args.faults_file or control.get("faults_file")
+    if faults_file:
+        with open(faults_file) as fh:
             extra = json.load(fh)
         args = p.parse_args([*(sys.argv[1:] if argv is None else argv), *map(str, extra)])
+    args.request_log = args.request_log or control.get("request_log")
     if args.video_tokens == "qwen" and args.max_num_batched_tokens is None:
         args.max_num_batched_tokens = VLLM_DEFAULT_BATCHED_TOKENS
     return args
@@ -302,6 +315,7 @@ class StandIn:
         self.chat_arrivals = 0
         self.chat_completed = 0
         self.seen = defaultdict(int)  # attempts per request id, for faults that hit the first TIMES only
+        self.probed: dict[tuple, asyncio.Future] = {}  # (path, size, mtime_ns) -> its probe
         self.running_ids: set[str] = set()
         backend = (args.media_io_kwargs.get("video") or {}).get("backend")
         module = VIDEO_BACKEND_MODULES.get(backend)
@@ -309,6 +323,14 @@ class StandIn:
         self.missing_video_module = module if module and importlib.util.find_spec(module) is None else None
 
     # ---- helpers -------------------------------------------------------------------------------
+    async def probe(self, path: str) -> "qwen_video.VideoInfo":
+        """qwen_video.probe in a thread (vLLM decodes off its event loop), once per file version."""
+        st = os.stat(path)
+        key = (path, st.st_size, st.st_mtime_ns)
+        if key not in self.probed:  # one probe per file version, however many requests wait for it
+            self.probed[key] = asyncio.ensure_future(asyncio.to_thread(qwen_video.probe, path))
+        return await asyncio.shield(self.probed[key])
+
     def authorised(self, request: web.Request) -> bool:
         if not self.api_key:
             return True
@@ -394,6 +416,25 @@ class StandIn:
     async def version(self, request: web.Request) -> web.Response:
         return web.json_response({"version": self.args.standin_version})
 
+    async def server_info(self, request: web.Request) -> web.Response:
+        """vLLM's development endpoint (served only with VLLM_SERVER_DEV_MODE=1): the engine's config."""
+        a = self.args
+        config = {
+            "model_config": {"model": a.model_root or a.served_model, "served_model_name": a.served_model,
+                             "dtype": "bfloat16", "quantization": a.quantization, "max_model_len": a.max_model_len,
+                             "generation_config": a.generation_config, "seed": 0,
+                             "multimodal_config": {"media_io_kwargs": a.media_io_kwargs,
+                                                   "mm_processor_kwargs": a.mm_processor_kwargs}},
+            "cache_config": {"block_size": 16, "cache_dtype": a.kv_cache_dtype,
+                             "gpu_memory_utilization": a.gpu_memory_utilization},
+            "load_config": {"load_format": a.load_format},
+            "structured_outputs_config": {"backend": (a.structured_outputs_config or {}).get("backend", "auto"),
+                                          "disable_any_whitespace": self.no_whitespace},
+            "parallel_config": {"tensor_parallel_size": a.tensor_parallel_size,
+                                "data_parallel_size": a.data_parallel_size},
+        }
+        return web.json_response({"vllm_config": config})
+
     async def metrics(self, request: web.Request) -> web.Response:
         e = self.engine
         label = f'{{engine="0",model_name="{self.args.served_model}"}}'
@@ -406,6 +447,13 @@ class StandIn:
             "# TYPE vllm:generation_tokens_total counter",
             f"vllm:generation_tokens_total{label} {float(e.generation_tokens_total)}",
         ]
+        # vLLM's info gauge of the engine's CacheConfig (its fields as labels, value 1).
+        cache = {"block_size": 16, "cache_dtype": self.args.kv_cache_dtype, "calculate_kv_scales": False,
+                 "cpu_offload_gb": 0, "enable_prefix_caching": self.args.enable_prefix_caching, "engine": 0,
+                 "gpu_memory_utilization": self.args.gpu_memory_utilization, "num_cpu_blocks": 0,
+                 "num_gpu_blocks": self.args.kv_capacity_tokens // 16 or 4096, "swap_space": 4}
+        lines += ["# TYPE vllm:cache_config_info gauge",
+                  "vllm:cache_config_info{" + ",".join(f'{k}="{v}"' for k, v in cache.items()) + "} 1.0"]
         for status, n in sorted(e.requests_total.items()):
             lines.append(f'standin:requests_total{{status="{status}"}} {n}')
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
@@ -416,6 +464,10 @@ class StandIn:
         if not self.authorised(request):
             self.log.write("completed", rid, status=401)
             return web.json_response({"error": "Unauthorized"}, status=401)
+        calibration = (send_id or "").startswith(CALIBRATION_PREFIX)
+        if calibration:  # served like vLLM, but outside the faults and their counts
+            self.log.write("received", rid, attempt=1, send_id=send_id)
+            return (await self._chat(request, rid, 1, calibration=True))[1]
         self.chat_arrivals += 1
         if self.args.crash_after and self.chat_arrivals > self.args.crash_after:
             self.log.write("crash", rid)
@@ -447,8 +499,9 @@ class StandIn:
         self.log.write("completed", rid, status=status, error=message[:200], **fields)
         return status, web.json_response(error_body(message, status, type_), status=status, headers=headers)
 
-    async def _chat(self, request: web.Request, rid: str | None, attempt: int):
+    async def _chat(self, request: web.Request, rid: str | None, attempt: int, calibration: bool = False):
         args = self.args
+        faults = not calibration
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -464,7 +517,7 @@ class StandIn:
                                f"than max allowed: {args.max_logprobs}", "BadRequestError")
         # Admission: a storm, then the capacity cap.
         n = self.chat_arrivals
-        if self.storm and self.storm[0] < n <= self.storm[0] + self.storm[1]:
+        if faults and self.storm and self.storm[0] < n <= self.storm[0] + self.storm[1]:
             headers = {"Retry-After": f"{args.retry_after:g}"} if args.retry_after is not None else None
             return self._error(rid, 503, "The engine is currently busy and cannot accept new requests.",
                                "ServiceUnavailableError", headers=headers)
@@ -486,7 +539,7 @@ class StandIn:
                     media.append((kind, part[part["type"]]["url"]))
         prompt = "\n".join(prompt_parts)
         prompt_lower = prompt.lower()
-        if media and args.random_503 and self.rng.random() < args.random_503:
+        if faults and media and args.random_503 and self.rng.random() < args.random_503:
             return self._error(rid, 503, "Service Unavailable (injected)", "ServiceUnavailableError")
         over = qwen_image.too_many(args.limit_mm_per_prompt,
                                    {k: sum(1 for kind, _ in media if kind == k) for k in ("image", "video")})
@@ -524,7 +577,7 @@ class StandIn:
                 item_tokens = embeds + qwen_image.MARKERS
             elif args.video_tokens == "qwen":
                 try:
-                    info = qwen_video.probe(real)
+                    info = await self.probe(real)
                 except qwen_video.CannotOpen:
                     return self._error(rid, 400, "Could not open video stream", "BadRequestError")
                 except qwen_video.NoFrames:
@@ -550,12 +603,12 @@ class StandIn:
             return self._error(rid, 400, f"This model's maximum context length is {args.max_model_len} tokens. "
                                f"However, your prompt contains at least {prompt_tokens} input tokens.",
                                "BadRequestError")
-        for spec in args.error_on:
+        for spec in args.error_on if faults else ():
             word, _, rest = spec.partition("=")
             status_text, _, message = rest.partition(":")
             if word.lower() in prompt_lower:
                 return self._error(rid, int(status_text), message, "InternalServerError")
-        if media and args.random_500 and self.rng.random() < args.random_500:
+        if faults and media and args.random_500 and self.rng.random() < args.random_500:
             return self._error(rid, 500, "Internal server error (injected)", "InternalServerError")
 
         # The answer and its length.
@@ -587,8 +640,8 @@ class StandIn:
                 service += prompt_tokens / args.prefill_tokens_per_s
             if args.decode_tokens_per_s:
                 service += completion_tokens / args.decode_tokens_per_s
-            if self._match(self.hang_on, prompt_lower, attempt) or (
-                    media and args.hang_rate and self.rng.random() < args.hang_rate):
+            if faults and (self._match(self.hang_on, prompt_lower, attempt) or (
+                    media and args.hang_rate and self.rng.random() < args.hang_rate)):
                 self.log.write("hanging", rid)
                 await asyncio.Event().wait()  # until the client disconnects (handler cancelled)
             if service > 0:
@@ -607,8 +660,8 @@ class StandIn:
                       "total_tokens": prompt_tokens + completion_tokens},
         }
         data = json.dumps(payload).encode()
-        reset = self._match(self.reset_on, prompt_lower, attempt) or (
-            args.reset_rate and self.rng.random() < args.reset_rate)
+        reset = faults and (self._match(self.reset_on, prompt_lower, attempt) or (
+            args.reset_rate and self.rng.random() < args.reset_rate))
         if reset:
             resp = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
             resp.content_length = len(data)
@@ -629,6 +682,8 @@ def make_app(args) -> web.Application:
     app.router.add_get("/v1/models", standin.models)
     app.router.add_get("/version", standin.version)
     app.router.add_get("/metrics", standin.metrics)
+    if os.environ.get("VLLM_SERVER_DEV_MODE") == "1":
+        app.router.add_get("/server_info", standin.server_info)
     app.router.add_post("/v1/chat/completions", standin.chat)
     return app
 

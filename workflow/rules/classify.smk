@@ -8,6 +8,8 @@ rule classify:
     params:
         # Its result settings under this model's config: editing one reruns this model's jobs only.
         settings=model_settings("classify"),
+        # Its model folder and the files its server command names, by content (an in-place edit).
+        files=model_files,
         journal=f"{MODEL_DIR}/journal/shard-{{shard}}.jsonl",
         server_log="logs/classify/{model}/server-{shard}.log",
     log:

@@ -38,5 +38,11 @@ def model_settings(stage):
     return lambda wildcards: vidlabel.core.settings.fingerprint(config, stage, wildcards.model)
 
 
+def model_files(wildcards):
+    """A per-model classify rule's params: its model folder and the files its server command names, by
+    content (vidlabel.core.identity.files_state), so that one overwritten in place reruns its jobs."""
+    return vidlabel.core.identity.files_state(vidlabel.core.models.model_config(config, wildcards.model))
+
+
 def human_labels(wildcards):
     return [config["human_labels"]] if config["human_labels"] else []

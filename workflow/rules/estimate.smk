@@ -9,6 +9,8 @@ rule pilot:
     params:
         # Its result settings under this model's config: editing one reruns this model's pilot only.
         settings=model_settings("estimate"),
+        # Its model folder and the files its server command names, by content (an in-place edit).
+        files=model_files,
         workdir=f"{MODEL_DIR}/estimate",
         server_log="logs/estimate/{model}-server.log",
     log:

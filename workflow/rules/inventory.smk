@@ -6,6 +6,8 @@ rule inventory:
     params:
         # Its result settings: editing one reruns this job (vidlabel.core.settings).
         settings=vidlabel.core.settings.fingerprint(config, "inventory"),
+        # A video replaced at its path reruns it too; its journal (inventory.jsonl) re-probes that one.
+        media=MEDIA_STATE,
     log:
         "logs/inventory.log",
     conda:

@@ -62,7 +62,7 @@ AGREEMENT_COLUMNS = ["question", "n", "tp", "fp", "fn", "tn", "no_model_answer",
     f"{m}{s}" for m in stats.AGREEMENT_METRICS for s in ("", "_lo", "_hi")] + ["confidence", "ci_method", "note"]
 TOKENS_COLUMNS = ["direction", "requests", "total", "mean", "p50", "p90", "p99", "max", "prefill_decode_ratio"]
 THROUGHPUT_COLUMNS = [
-    "shard", "requests", "ok", "errors", "input_tokens", "output_tokens", "first_started_at",
+    "shard", "job", "requests", "ok", "errors", "input_tokens", "output_tokens", "first_started_at",
     "last_finished_at", "span_s", "busy_s", "gpus", "requests_per_s", "input_tokens_per_s", "output_tokens_per_s",
     "tokens_per_s", "wall_requests_per_s", "gpu_hours", "cost_usd",
 ]
@@ -87,7 +87,8 @@ PPI_CROSSCHECK_TOLERANCE = 1e-9
 
 # Columns of labels.parquet that older merges did not write: without answer_probs the model's hard
 # answers are the predictions; the provenance columns only feed the provenance section.
-OPTIONAL_LABEL_COLUMNS = ("answer_probs", *PROVENANCE_COLUMNS, "request_fingerprint", "gpus")
+OPTIONAL_LABEL_COLUMNS = ("answer_probs", *PROVENANCE_COLUMNS, "request_fingerprint", "gpus", "transcript_status",
+                          "model_revision", "server_fingerprint", "job_id")
 
 
 class HumanLabelError(ValueError):
@@ -105,8 +106,11 @@ def run(config: dict[str, Any], labels_path: str | Path, human_labels_path: str 
     ids = question_ids(config)
     con = duck.connect()
     duck.parquet_view(con, "labels", labels_path)
-    if "gpus" not in relation_columns(con, "labels"):  # merged before jobs recorded their GPUs: cost.gpus_per_job
-        con.read_parquet(str(labels_path)).project("*, NULL::BIGINT AS gpus").create_view("labels", replace=True)
+    # Merged before jobs recorded them: their GPUs (then cost.gpus_per_job) and their job (then one per shard).
+    absent = [f"NULL::{kind} AS {name}" for name, kind in (("gpus", "BIGINT"), ("job_id", "VARCHAR"))
+              if name not in relation_columns(con, "labels")]
+    if absent:
+        con.read_parquet(str(labels_path)).project(", ".join(["*", *absent])).create_view("labels", replace=True)
     check_label_columns(con, ids, labels_path)
     register_table(con, "questions", pa.table({"question": ids, "position": list(range(len(ids)))}))
     con.execute("CREATE TABLE answers_long AS " + duck.sql(
@@ -147,10 +151,12 @@ def provenance_section(con, config: dict[str, Any]) -> list[str]:
     rows = provenance_counts(con)
     if not rows:
         return ["labels.parquet carries no provenance (merged before vidlabel recorded it): rerun the merge."]
-    lines = [f"- {n:,} requests answered by {server or 'an unknown server'} for model `{model}`, classify "
-             f"settings `{settings}`, prompt `{prompt}`" for model, server, settings, prompt, n in rows]
+    lines = [f"- {r.answers:,} requests answered by {r.server or 'an unknown server'} for model `{r.model}`"
+             + (f" ({r.model_revision})" if r.model_revision else "")
+             + f", classify settings `{r.settings_fingerprint}`, prompt `{r.prompt_hash}`" for r in rows]
     if len(rows) > 1:
-        lines.insert(0, f"**WARNING: the answers come from {len(rows)} different servers or settings** (listed "
+        lines.insert(0, f"**WARNING: the answers come from {len(rows)} different servers, model revisions or "
+                        f"settings** (listed "
                         "below; each row of labels.parquet names its own). Rerun classify under one setting "
                         "if they must not be mixed.")
     return lines + ["", f"The settings of this summary: `{fingerprint(config, 'aggregate')}` "

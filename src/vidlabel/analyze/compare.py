@@ -151,8 +151,9 @@ def _load_model(con, ids: Sequence[str], position: int, name: str, labels_path, 
     con.execute(MODEL_ANSWERS_INSERT.format(answers_long=answers), {"position": position, "name": name})
     provenance = provenance_counts(con)
     return {"name": name, "position": position, "labels_path": str(labels_path), "provenance": provenance,
-            "model_ids": sorted({str(r[0]) for r in provenance}), "servers": sorted({str(r[1]) for r in provenance}),
-            "prompts": sorted({str(r[3]) for r in provenance})}
+            "model_ids": sorted({str(r.model) for r in provenance}),
+            "servers": sorted({str(r.server) for r in provenance}),
+            "prompts": sorted({str(r.prompt_hash) for r in provenance})}
 
 
 def _read_csv(path: Path) -> list[dict[str, str]]:
@@ -539,8 +540,9 @@ def _provenance_warnings(described: Sequence[dict]) -> list[str]:
         if len(d["provenance"]) > 1:
             out.append(f"**WARNING: {d['name']}'s answers come from {len(d['provenance'])} different servers or "
                        f"settings (mixed provenance)**: " + "; ".join(
-                           f"{n:,} by {server or 'an unknown server'} under settings `{settings}`"
-                           for _, server, settings, _, n in d["provenance"])
+                           f"{r.answers:,} by {r.server or 'an unknown server'} under settings "
+                           f"`{r.settings_fingerprint}`"
+                           for r in d["provenance"])
                        + f". Its numbers mix them; rerun its classify under one setting if they must not be mixed "
                        f"(its summary.md lists them).")
     prompts = {p for d in described for p in d["prompts"]}

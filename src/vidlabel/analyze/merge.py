@@ -11,21 +11,32 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
+
+import pyarrow as pa
 
 from vidlabel.core import duck
+from vidlabel.serve.record import LABEL_SCHEMA, MERGED_FIELDS
 
 log = logging.getLogger(__name__)
 
 # What made an answer; one labels table mixes none of them without saying so.
 PROVENANCE_COLUMNS = ("model", "server", "settings_fingerprint", "prompt_hash")
 
-
 # Columns of labels.parquet besides the question columns (docs/outputs.md); a question id must not
-# shadow one of them.
-FIXED_COLUMNS = ("post_id", "shard", "status", "error_kind", "error", "prompt_tokens",
-                 "completion_tokens", "latency_s", "started_at", "finished_at", "answer_probs",
-                 *PROVENANCE_COLUMNS, "request_fingerprint", "gpus")
+# shadow one of them. Those after the first five are the journal record's (vidlabel.serve.record).
+FIXED_COLUMNS = ("post_id", "shard", "status", "error_kind", "error", *MERGED_FIELDS)
+_SQL_TYPES = {pa.string(): "VARCHAR", pa.int64(): "BIGINT", pa.float64(): "DOUBLE", pa.bool_(): "BOOLEAN"}
+
+
+class Provenance(NamedTuple):
+    """One provenance of a labels table's answers and how many answers it made."""
+    model: str
+    model_revision: str | None
+    server: str | None
+    settings_fingerprint: str
+    prompt_hash: str
+    answers: int
 
 
 class MergeError(ValueError):
@@ -49,26 +60,37 @@ def _answer_columns(ids: Iterable[str]) -> str:
         for qid in ids)
 
 
-def provenance_counts(con) -> list[tuple]:
-    """(model, server, settings_fingerprint, prompt_hash, answers) of view ``labels``'s answered and
-    failed requests, most first (a labels.parquet older than the provenance columns: none)."""
+def provenance_counts(con) -> list[Provenance]:
+    """The provenances of view ``labels``'s answered and failed requests, most answers first (a
+    labels.parquet older than the provenance columns: none)."""
     columns = {r[0] for r in con.execute("DESCRIBE labels").fetchall()}
     if not set(PROVENANCE_COLUMNS) <= columns:
         return []
-    return con.execute(duck.sql("provenance")).fetchall()
+    revision = "model_revision" if "model_revision" in columns else "CAST(NULL AS VARCHAR)"
+    return [Provenance(*row) for row in con.execute(duck.sql("provenance", model_revision=revision)).fetchall()]
 
 
 def check_provenance(con, labels_path: str | Path) -> None:
-    """Answers of one question set and model only; several servers or settings are said loudly."""
+    """Answers of one question set and model only; several servers, model revisions or settings are
+    said loudly."""
     duck.parquet_view(con, "labels", labels_path)
     rows = provenance_counts(con)
-    if len({(r[0], r[3]) for r in rows}) > 1:
+    if len({(r.model, r.prompt_hash) for r in rows}) > 1:
         raise MergeError("labels come from more than one model or question set: "
-                         + "; ".join(f"{n} from model {m}, prompt {p}" for m, _, _, p, n in rows)
+                         + "; ".join(f"{r.answers} from model {r.model}, prompt {r.prompt_hash}" for r in rows)
                          + ". Rerun classify (a record is reused only under the settings it was made with).")
     if len(rows) > 1:
-        log.warning("labels come from %d provenances (server, settings): %s; summary.md lists them", len(rows),
-                    "; ".join(f"{n} answers by {s} under settings {f}" for _, s, f, _, n in rows))
+        log.warning("labels come from %d provenances (model revision, server, settings): %s; summary.md lists them",
+                    len(rows), "; ".join(f"{r.answers} answers by {r.server} ({r.model_revision}) under settings "
+                                         f"{r.settings_fingerprint}" for r in rows))
+
+
+def record_columns(con) -> str:
+    """The SELECT list of the record's columns (``MERGED_FIELDS``), NULL where no shard has one."""
+    present = {row[0] for row in con.execute("DESCRIBE shard_labels").fetchall()}
+    types = {f.name: _SQL_TYPES[f.type] for f in LABEL_SCHEMA}
+    return ",\n    ".join(f"CAST({'l.' + name if name in present else 'NULL'} AS {types[name]}) AS {name}"
+                           for name in MERGED_FIELDS)
 
 
 def check_inputs(con) -> None:
@@ -92,7 +114,8 @@ def merge(config: dict[str, Any], inventory_path: str | Path, excluded_path: str
     duck.parquet_view(con, "excluded", excluded_path)
     duck.parquet_view(con, "shard_labels", label_paths, union_by_name=True)
     check_inputs(con)
-    duck.copy_to_parquet(con, duck.sql("merge_labels", answer_columns=_answer_columns(ids)), output_path)
+    duck.copy_to_parquet(con, duck.sql("merge_labels", answer_columns=_answer_columns(ids),
+                                       record_columns=record_columns(con)), output_path)
     counts = dict(con.execute(
         f"SELECT status, count(*) FROM read_parquet({duck.literal(output_path)}) GROUP BY status").fetchall())
     check_provenance(con, output_path)

@@ -43,8 +43,8 @@ _PROMPT = ("classify.prompt_template", "classify.questions", "classify.max_model
            "classify.max_num_batched_tokens", "classify.max_tokens")
 # What decides the answers besides the request body: the model, its server and generation settings.
 _SERVER = ("classify.model", "classify.server_command", "classify.server_args", "classify.quantization",
-           "classify.generation_config",
-           "classify.temperature", "classify.top_logprobs", "media_root")
+           "classify.generation_config", "classify.temperature", "classify.top_logprobs", "classify.media_identity",
+           "media_root")
 _CLIENT = ("classify.concurrency", "classify.request_timeout_s", "classify.adaptive_deadline",
            "classify.deadline_floor_s", "classify.max_attempts", "classify.backoff_initial_s",
            "classify.backoff_max_s", "classify.health_interval_s", "classify.adaptive_concurrency")
@@ -58,11 +58,11 @@ STAGES: dict[str, StageKeys] = {
     "inventory": StageKeys(results=("posts", "media_root"), operational=("inventory.threads",)),
     "transcribe": StageKeys(
         results=("transcribe.backend", "transcribe.model", "transcribe.device", "transcribe.compute_type",
-                 "transcribe.beam_size", "transcribe.vad", "transcribe.language"),
+                 "transcribe.beam_size", "transcribe.vad", "transcribe.language", "classify.media_identity"),
         operational=("transcribe.chunks", "transcribe.threads")),
     "transcode": StageKeys(results=_PLANNING + _PROMPT + ("media_root",),
                            operational=("planning.transcode.chunks",)),
-    "manifest": StageKeys(results=_PLANNING + _PROMPT + ("media_root",),
+    "manifest": StageKeys(results=_PLANNING + _PROMPT + ("media_root", "transcribe.on_error"),
                           operational=("classify.shards", "classify.concurrency", "planning.concurrent_jobs")),
     "classify": StageKeys(results=_PLANNING + _PROMPT + _SERVER, operational=_CLIENT + _LAYOUT),
     "estimate": StageKeys(results=_PLANNING + _PROMPT + _SERVER + ("planning.pilot_size", "cost"),

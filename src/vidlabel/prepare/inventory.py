@@ -4,6 +4,12 @@
 with a message naming the offending rows. ``build_inventory`` probes with PyAV in threads (PyAV
 releases the GIL while it reads) and writes ``inventory.parquet`` atomically; a missing, empty or
 corrupt file becomes a row with a ``probe_error``, never a failed run.
+
+Incremental: every probe is journaled beside the output (``inventory.jsonl``, key ``video_path``, with
+the file's identity); a rerun probes only the files that are new or whose size or modification time
+changed. The Snakefile reruns this rule when the media change (``vidlabel.core.identity.media_state``
+of every path is its params), and every stage after it reruns through its input, each redoing only
+the changed posts from its own journal.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from vidlabel.core import identity
 from vidlabel.core.io import write_parquet
+from vidlabel.core.journal import Journal, journal_beside
 from vidlabel.prepare.media import probe
 
 log = logging.getLogger(__name__)
@@ -304,11 +312,23 @@ def probe_all(paths: Iterable[str], threads: int, progress_every_s: float = 10.0
 
 
 def build_inventory(config: dict, output_path: str | os.PathLike, threads: int | None = None) -> None:
-    """Read ``config['posts']``, probe every video and write ``inventory.parquet`` atomically."""
+    """Read ``config['posts']``, probe every video whose file is new or changed since its journaled
+    probe (path, size and modification time: vidlabel.core.identity) and write ``inventory.parquet``
+    atomically."""
     posts = load_posts(config["posts"], config["media_root"])
     if threads is None:
         threads = config.get("inventory", {}).get("threads", 8)
-    infos = probe_all(posts.column("video_path").to_pylist(), threads)
+    paths = posts.column("video_path").to_pylist()
+    items = identity.media_items(paths, "stat", threads=max(threads, 16))
+    with Journal(journal_beside(output_path), key="video_path") as journal:
+        probes = journal.read()
+        todo = [p for p in items if p not in probes or probes[p].get("identity") != items[p]]
+        log.info("inventory: %d files, %d probed before with the same size and modification time, %d to probe",
+                 len(items), len(items) - len(todo), len(todo))
+        for path, info in zip(todo, probe_all(todo, threads) if todo else []):
+            probes[path] = {"video_path": path, "identity": items[path], **info}
+            journal.append(probes[path])
+    infos = [probes[p] for p in paths]
     probed = pa.table(
         {f.name: pa.array([info[f.name] for info in infos], f.type) for f in PROBE_SCHEMA},
         schema=PROBE_SCHEMA,

@@ -3,9 +3,12 @@
 Inputs: the inventory, the transcript chunks, the (optional) transcode chunks. Outputs (atomic):
 ``manifest/shard-{i}.parquet``, ``manifest/excluded.parquet`` and ``manifest/plan.csv`` (see
 docs/outputs.md). A post is excluded for a probe error (``probe_error``), a context overflow that
-re-planning cannot fix or that has no transcoded media (``too_long``), or a failed transcode of a
-re-planned post (``transcode_error``). A missing or failed transcript is an empty transcript, not an
-exclusion. A failed transcode of a post that fits as-is falls back to the original file.
+re-planning cannot fix or that has no transcoded media (``too_long``), a failed transcode of a
+re-planned post (``transcode_error``), or a transcript that is missing (its transcription failed for
+good, or no chunk has it: ``transcript_error``). With ``transcribe.on_error: classify_without`` such a
+post is classified with a prompt that says its transcript is unavailable, never "(no speech)", and
+its ``transcript_status`` says so; without any transcript chunk (a run without transcription) every
+post is. A failed transcode of a post that fits as-is falls back to the original file.
 
 Vectorised over pyarrow/numpy; the only per-row Python is prompt rendering and the request-id hash.
 """
@@ -31,6 +34,9 @@ from vidlabel.prepare import planning
 from vidlabel.prepare import tokens as tk
 from vidlabel.prepare.prompt import (
     _BLOCK_TAGS,
+    NO_CAPTION,
+    NO_SPEECH,
+    TRANSCRIPT_UNAVAILABLE,
     render_prompt,
     render_questions,
     request_id,
@@ -45,6 +51,9 @@ SHARD_SCHEMA = pa.schema([
     ("media_path", pa.string()),
     ("caption", pa.string()),
     ("transcript", pa.string()),
+    # ok | no_audio | unavailable (the prompt says so), and what the transcript was made from.
+    ("transcript_status", pa.string()),
+    ("transcript_id", pa.string()),
     ("prompt", pa.string()),
     ("est_visual_tokens", pa.int64()),
     ("est_text_tokens", pa.int64()),
@@ -101,8 +110,10 @@ def _neutralise(arr: pa.Array, empty: str) -> pa.Array:
     return pc.if_else(pc.equal(pc.utf8_length(text), 0), pa.scalar(empty), text)
 
 
-def render_prompts(template: str, captions: pa.Array, transcripts: pa.Array, questions) -> pa.Array:
-    """``vidlabel.prepare.prompt.render_prompt`` for a whole column, vectorised with Arrow kernels.
+def render_prompts(template: str, captions: pa.Array, transcripts: pa.Array, questions,
+                   available: pa.Array | None = None) -> pa.Array:
+    """``vidlabel.prepare.prompt.render_prompt`` for a whole column, vectorised with Arrow kernels
+    (``available``: False where the transcript is unavailable; default all available).
 
     Falls back to per-row ``render_prompt`` when the template uses anything but plain
     {caption}/{transcript}/{questions} fields, or when a sample of rows (including every kind of
@@ -110,10 +121,14 @@ def render_prompts(template: str, captions: pa.Array, transcripts: pa.Array, que
     """
     n = len(captions)
     captions, transcripts = captions.cast(pa.string()), transcripts.cast(pa.string())
+    available = pa.array(np.ones(n, bool)) if available is None else available
+
+    def rendered(rows) -> list[str]:
+        caps, trs, avail = captions.take(rows).to_pylist(), transcripts.take(rows).to_pylist(), available.take(rows)
+        return [render_prompt(template, c, t, questions, a) for c, t, a in zip(caps, trs, avail.to_pylist())]
 
     def per_row() -> pa.Array:
-        caps, trs = captions.to_pylist(), transcripts.to_pylist()
-        return pa.array([render_prompt(template, c, t, questions) for c, t in zip(caps, trs)], pa.string())
+        return pa.array(rendered(pa.array(np.arange(n))), pa.string())
 
     try:
         parts = list(string.Formatter().parse(template))
@@ -121,8 +136,8 @@ def render_prompts(template: str, captions: pa.Array, transcripts: pa.Array, que
         return per_row()
     if any(f is not None and (f not in _FIELDS or spec or conv) for _, f, spec, conv in parts) or n == 0:
         return per_row()
-    values = {"caption": _neutralise(captions, "(no caption)"),
-              "transcript": _neutralise(transcripts, "(no speech)"),
+    values = {"caption": _neutralise(captions, NO_CAPTION),
+              "transcript": pc.if_else(available, _neutralise(transcripts, NO_SPEECH), TRANSCRIPT_UNAVAILABLE),
               "questions": pa.scalar(render_questions(questions))}
     pieces = []
     for literal, field, _, _ in parts:
@@ -136,18 +151,20 @@ def render_prompts(template: str, captions: pa.Array, transcripts: pa.Array, que
     # Check a sample: the first rows, and rows whose text neutralising changes (tags, edge whitespace).
     odd = pc.or_(pc.match_substring_regex(pc.fill_null(captions, ""), r"[<>]|^\s|\s$"),
                  pc.match_substring_regex(pc.fill_null(transcripts, ""), r"[<>]|^\s|\s$"))
-    sample = list(range(min(n, 32))) + np.flatnonzero(odd.to_numpy(zero_copy_only=False))[:32].tolist()
-    caps, trs, got = captions.take(sample).to_pylist(), transcripts.take(sample).to_pylist(), out.take(sample)
-    if got.to_pylist() != [render_prompt(template, c, t, questions) for c, t in zip(caps, trs)]:
+    missing = pc.invert(available).to_numpy(zero_copy_only=False)
+    sample = pa.array(list(range(min(n, 32))) + np.flatnonzero(odd.to_numpy(zero_copy_only=False))[:32].tolist()
+                      + np.flatnonzero(missing)[:8].tolist(), pa.int64())
+    if out.take(sample).to_pylist() != rendered(sample):
         return per_row()
     return out
 
 
-def prompt_text_tokens(config: dict, captions: pa.Array, transcripts: pa.Array) -> np.ndarray:
+def prompt_text_tokens(config: dict, captions: pa.Array, transcripts: pa.Array, available: pa.Array) -> np.ndarray:
     """Text tokens of each rendered prompt, rendered in batches and not kept."""
     c = config["classify"]
     out = [tk.estimate_text(config, render_prompts(c["prompt_template"], captions.slice(i, TEXT_BATCH),
-                                                   transcripts.slice(i, TEXT_BATCH), c["questions"]))
+                                                   transcripts.slice(i, TEXT_BATCH), c["questions"],
+                                                   available.slice(i, TEXT_BATCH)))
            for i in range(0, len(captions), TEXT_BATCH)]
     return np.concatenate(out) if out else np.zeros(0, np.int64)
 
@@ -206,14 +223,20 @@ def build(config: dict, inventory_path, transcript_paths, transcode_paths, shard
     num = {k: np.nan_to_num(ok.column(k).combine_chunks().cast(pa.float64()).to_numpy(zero_copy_only=False),
                             nan=0.0) for k in ("duration_s", "fps", "width", "height")}
 
-    # Transcripts: ok -> the text; no_audio / error / missing -> empty transcript.
-    tr = _read_many(transcript_paths, ["post_id", "text", "status"])
-    tr_text = _lookup(post_id, tr, "text", pa.string())
+    # Transcripts: ok -> the text; no_audio -> none; error or missing -> unavailable (module docstring).
+    tr = _read_many(transcript_paths, ["post_id", "text", "status", "error", "transcript_id"])
     tr_status = _lookup(post_id, tr, "status", pa.string())
-    transcript = pc.if_else(pc.equal(pc.fill_null(tr_status, ""), "ok"), tr_text, pa.nulls(len(post_id), pa.string()))
-    transcript = pc.fill_null(transcript, "")
+    transcript = pc.fill_null(pc.if_else(pc.equal(pc.fill_null(tr_status, ""), "ok"),
+                                         _lookup(post_id, tr, "text", pa.string()), pa.scalar(None, pa.string())), "")
+    status = np.asarray(pc.fill_null(tr_status, "").to_pylist(), dtype=object)
+    unavailable = ~np.isin(status, ["ok", "no_audio"])
+    transcript_status = np.where(unavailable, "unavailable", status).astype(object)
+    available = pa.array(~unavailable)
+    transcript_id = _lookup(post_id, tr, "transcript_id", pa.string())
+    exclude_unavailable = bool(transcript_paths) and c_on_error(config) == "exclude"
+    tr_error = np.asarray(_lookup(post_id, tr, "error", pa.string()).to_pylist(), dtype=object)
 
-    text_tokens = prompt_text_tokens(config, caption, transcript)
+    text_tokens = prompt_text_tokens(config, caption, transcript, available)
 
     # The codec and format decide whether the server's decoder reads the file as it is
     # (planning.SERVER_CODECS, vidlabel.serve.decode.unreadable).
@@ -259,6 +282,11 @@ def build(config: dict, inventory_path, transcript_paths, transcode_paths, shard
             reason[j], detail[j] = "too_long", plan.plan[j]
     for j in np.flatnonzero((action == "as-is") & tc_failed):
         plan_str[j] = f"as-is (transcode failed, original media: {str(tc_error[j])[:200]})"
+    if exclude_unavailable:
+        for j in np.flatnonzero(unavailable & (reason == None)):  # noqa: E711 (elementwise)
+            reason[j] = "transcript_error"
+            detail[j] = (tr_error[j] if status[j] == "error" else
+                         "no transcript for this post in the transcript chunks (transcribe did not cover it)")
 
     out_mask = reason != None  # noqa: E711 (elementwise)
     if out_mask.any():
@@ -283,7 +311,7 @@ def build(config: dict, inventory_path, transcript_paths, transcode_paths, shard
     for i, path in enumerate(shard_paths):
         sel = order[bounds[i]:bounds[i + 1]]  # positions among kept posts
         rows = pa.array(keep[sel], pa.int64())  # positions among valid posts
-        caps, trs = caption.take(rows), transcript.take(rows)
+        caps, trs, avail = caption.take(rows), transcript.take(rows), available.take(rows)
         # Prompts are rendered per shard so the whole set's prompts are never in memory at once.
         write_parquet(pa.table({
             "request_id": pa.array(ids[sel].tolist(), pa.string()),
@@ -292,7 +320,9 @@ def build(config: dict, inventory_path, transcript_paths, transcode_paths, shard
             "media_path": media_path.take(rows),
             "caption": caps,
             "transcript": trs,
-            "prompt": render_prompts(template, caps, trs, questions),
+            "transcript_status": pa.array(transcript_status[keep[sel]].tolist(), pa.string()),
+            "transcript_id": transcript_id.take(rows),
+            "prompt": render_prompts(template, caps, trs, questions, avail),
             "est_visual_tokens": pa.array(visual_kept[sel], pa.int64()),
             "est_text_tokens": pa.array(text_kept[sel], pa.int64()),
             "est_prompt_tokens": pa.array(prompt_tokens[sel], pa.int64()),
@@ -307,6 +337,11 @@ def build(config: dict, inventory_path, transcript_paths, transcode_paths, shard
              "%d excluded %s, in %.2f s (%.0f posts/s)", inv.num_rows, len(keep), n_shards,
              float(prompt_tokens.mean()) if len(keep) else 0.0, excluded_table.num_rows, dict(reasons),
              elapsed, inv.num_rows / max(elapsed, 1e-9))
+
+
+def c_on_error(config: dict) -> str:
+    """What becomes of a post whose transcript is missing (transcribe.on_error)."""
+    return config["transcribe"]["on_error"]
 
 
 def shard_paths_for(results: str | Path, n_shards: int) -> list[Path]:

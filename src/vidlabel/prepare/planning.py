@@ -106,13 +106,18 @@ def transcode_possible(config: dict) -> bool:
 
 def allowed_media_path(config: dict) -> str:
     """The one directory the server may read media from (its --allowed-local-media-path)."""
-    root = Path(config["media_root"]).resolve()
-    if not transcode_possible(config):
+    return allowed_path(config["media_root"], transcoded_media_dir(config) if transcode_possible(config) else None)
+
+
+def allowed_path(media_root: str | Path, transcoded_dir: str | Path | None) -> str:
+    """media_root, or the deepest common parent of it and ``transcoded_dir`` (transcoded files may be sent)."""
+    root = Path(media_root).resolve()
+    if transcoded_dir is None:
         return str(root)
-    common = Path(os.path.commonpath([root, transcoded_media_dir(config)]))
+    common = Path(os.path.commonpath([root, transcoded_dir]))
     if common == Path(common.anchor):
         raise MediaPathError(
-            f"media_root {root} and the transcoded media directory {transcoded_media_dir(config)} share no "
+            f"media_root {root} and the transcoded media directory {transcoded_dir} share no "
             "parent but the filesystem root; the server may read from one directory only. Set "
             "planning.transcode.media_dir to a directory on media_root's tree (or disable planning.transcode "
             "and set planning.over_limit: exclude)")

@@ -28,11 +28,18 @@ def render_questions(questions: Iterable[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+NO_CAPTION = "(no caption)"
+NO_SPEECH = "(no speech)"
+# A post whose transcription failed for good and is classified anyway (transcribe.on_error:
+# classify_without): the model must not be told that a talking video is silent.
+TRANSCRIPT_UNAVAILABLE = "(transcript unavailable)"
+
+
 def render_prompt(template: str, caption: str | None, transcript: str | None,
-                  questions: list[dict[str, Any]]) -> str:
+                  questions: list[dict[str, Any]], transcript_available: bool = True) -> str:
     return template.format(
-        caption=neutralise(caption) or "(no caption)",
-        transcript=neutralise(transcript) or "(no speech)",
+        caption=neutralise(caption) or NO_CAPTION,
+        transcript=(neutralise(transcript) or NO_SPEECH) if transcript_available else TRANSCRIPT_UNAVAILABLE,
         questions=render_questions(questions),
     )
 

@@ -37,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from vidlabel.core import identity
 from vidlabel.core.io import atomic_path, write_parquet
 from vidlabel.core.journal import Journal, journal_beside
 from vidlabel.prepare import planning
@@ -111,11 +112,8 @@ def _safe_name(post_id: str) -> str:
 
 
 def _key(src: str, fps: float, width: int, height: int, duration_s: float | None, crf: int) -> str:
-    try:
-        st = os.stat(src)
-        ident = [st.st_size, st.st_mtime_ns]
-    except OSError:
-        ident = [None, None]
+    item = identity.media_item(src)  # the source by path, size and modification time
+    ident = [item.get("size"), item.get("mtime_ns")]
     payload = json.dumps([src, ident, round(fps, 6), width, height,
                           None if duration_s is None else round(duration_s, 3), crf, "fastdecode"])
     return hashlib.sha256(payload.encode()).hexdigest()[:16]

@@ -3,16 +3,19 @@
 Two backends behind one interface (``transcribe.backend``): faster-whisper (CTranslate2, the
 default, about 3x faster on CPU) and openai-whisper (PyTorch). Audio is piped from ffmpeg into a
 16 kHz float32 array, never through a temp file. Every finished post is appended to the chunk's
-journal, so a rerun after a crash transcribes only what is missing; the chunk's Parquet file is
-written (atomically) once every post of the chunk is done.
+journal, so a rerun after a crash transcribes only what is missing, and only under the same audio
+(a video replaced at the same path is transcribed again) and settings; the chunk's Parquet file is
+written (atomically) once every post of the chunk has a transcript or a terminal error. A failure that
+is not the audio's (an I/O error, CUDA out of memory) is tried again, in the job and by the reruns,
+before it becomes a terminal error (``TRIES_PER_RUN``, ``RERUN_ATTEMPT_FACTOR``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -21,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from vidlabel.core import identity
 from vidlabel.core.io import write_parquet
 from vidlabel.core.journal import Journal, journal_beside
 from vidlabel.prepare.media import SAMPLE_RATE, AudioError, NoAudioStream, load_audio
@@ -39,6 +43,8 @@ OUTPUT_SCHEMA = pa.schema(
         ("status", pa.string()),
         ("error", pa.string()),
         ("audio_s", pa.float64()),
+        # What it was made from: the audio item and the transcription settings (vidlabel.core.identity).
+        ("transcript_id", pa.string()),
     ]
 )
 
@@ -167,8 +173,24 @@ class LazyBackend:
         return self.load().transcribe(audio)
 
 
+class PassingFailure(Exception):
+    """A transcription that failed for a reason that is not the audio's (an I/O error, out of memory):
+    tried again (``TRIES_PER_RUN`` times in the job, then by the rerun)."""
+
+
+class TranscriptsIncomplete(RuntimeError):
+    """Some posts of the chunk still have no transcript after passing failures; a rerun retries them."""
+
+
+# ffmpeg's words for a read that failed because of the file system, not because of the audio.
+_PASSING_AUDIO_ERROR = re.compile(
+    r"Input/output error|Stale file handle|Resource temporarily unavailable|Transport endpoint is not connected|"
+    r"Connection timed out|Permission denied|No such file or directory", re.IGNORECASE)
+
+
 def transcribe_post(backend: LazyBackend | Backend, post: dict[str, Any]) -> dict[str, Any]:
-    """One journal record for one inventory row (never raises for bad audio)."""
+    """One journal record for one inventory row. Bad audio is a record (status ``error``); a failure
+    that is not the audio's raises PassingFailure."""
     record: dict[str, Any] = {
         "post_id": post["post_id"],
         "text": None,
@@ -187,6 +209,8 @@ def transcribe_post(backend: LazyBackend | Backend, post: dict[str, Any]) -> dic
         record["status"] = "no_audio"
         return record
     except AudioError as exc:
+        if _PASSING_AUDIO_ERROR.search(str(exc)):
+            raise PassingFailure(f"audio read failed: {exc}") from None
         record.update(status="error", error=f"audio decode failed: {exc}")
         return record
     record["audio_s"] = round(len(audio) / SAMPLE_RATE, 3)
@@ -197,12 +221,8 @@ def transcribe_post(backend: LazyBackend | Backend, post: dict[str, Any]) -> dic
         backend.load()  # a model that cannot load fails the job; it is not a per-post error
     try:
         result = backend.transcribe(audio)
-    except MemoryError:
-        raise
-    except Exception as exc:  # one undecodable clip must not stop the chunk
-        log.warning("post %s: transcription failed: %s: %s", post["post_id"], type(exc).__name__, exc)
-        record.update(status="error", error=f"transcription failed: {type(exc).__name__}: {exc}")
-        return record
+    except Exception as exc:  # CUDA out of memory, a worker lost: not a property of the audio
+        raise PassingFailure(f"transcription failed: {type(exc).__name__}: {exc}") from None
     record.update(
         text=result.text,
         # Without any speech a detected language is noise (English-only models always say "en").
@@ -214,14 +234,32 @@ def transcribe_post(backend: LazyBackend | Backend, post: dict[str, Any]) -> dic
     return record
 
 
-# Keys whose change makes earlier transcripts stale (threads, device and chunking do not).
-SETTINGS_KEYS = ("backend", "model", "language", "vad", "beam_size", "compute_type")
+# A passing failure is tried this often per job, with this pause (times the attempt) in between;
+# once its attempts over all runs reach RERUN_ATTEMPT_FACTOR x TRIES_PER_RUN its record is terminal.
+TRIES_PER_RUN = 3
+RETRY_PAUSE_S = 0.5
+RERUN_ATTEMPT_FACTOR = 2
 
 
-def settings_fingerprint(cfg: dict[str, Any]) -> str:
-    """Identity of the transcription settings, stored in every journal record."""
-    payload = json.dumps({k: cfg.get(k) for k in SETTINGS_KEYS}, sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+def transcribe_with_retries(backend: LazyBackend | Backend, post: dict[str, Any], attempts_before: int) -> dict:
+    """``transcribe_post`` with passing failures tried again; their record is ``retryable`` until the
+    attempts over all runs reach the bound."""
+    for attempt in range(1, TRIES_PER_RUN + 1):
+        try:
+            record = transcribe_post(backend, post)
+        except PassingFailure as exc:
+            failure = str(exc)
+            log.warning("post %s: %s (attempt %d of %d in this job)", post["post_id"], failure, attempt, TRIES_PER_RUN)
+            if attempt < TRIES_PER_RUN:
+                time.sleep(RETRY_PAUSE_S * attempt)
+            continue
+        return {**record, "attempts": attempts_before + attempt, "retryable": False}
+    attempts = attempts_before + TRIES_PER_RUN
+    retryable = attempts < RERUN_ATTEMPT_FACTOR * TRIES_PER_RUN
+    if not retryable:
+        failure += f"; {attempts} attempts over several runs, giving up"
+    return {"post_id": post["post_id"], "text": None, "language": None, "segments": None, "status": "error",
+            "error": failure, "audio_s": 0.0, "attempts": attempts, "retryable": retryable}
 
 
 def chunk_posts(inventory_path: str | os.PathLike, chunk: int, n_chunks: int) -> list[dict[str, Any]]:
@@ -243,7 +281,11 @@ def run_chunk(
 ) -> None:
     """Transcribe the posts of ``chunk``; resume from the journal; write the chunk Parquet at the end.
 
-    ``backend`` replaces the configured one (for callers that hold a loaded model).
+    A journaled transcript is reused only for the same audio item (path, size, modification time, or
+    content: ``classify.media_identity``) and the same transcription settings
+    (vidlabel.core.identity.transcription_settings). Raises TranscriptsIncomplete, after journaling
+    the rest, when a passing failure left a post without transcript. ``backend`` replaces the
+    configured one (for callers that hold a loaded model).
     """
     cfg = config["transcribe"]
     n_chunks = cfg["chunks"]
@@ -251,20 +293,34 @@ def run_chunk(
         raise ValueError(f"chunk {chunk} is outside 0..{n_chunks - 1} (transcribe.chunks = {n_chunks})")
     posts = chunk_posts(inventory_path, chunk, n_chunks)
     model = backend if backend is not None else LazyBackend(cfg)
-    settings = settings_fingerprint(cfg)
+    settings = identity.transcription_fingerprint(config)
+    audio = identity.media_items([p["video_path"] for p in posts], config["classify"]["media_identity"],
+                                 threads=cfg["threads"] * 4)
     with Journal(journal_beside(output_path), key="post_id") as journal:
-        # Records made with other settings (another model, say) are stale: transcribe those posts again.
-        done = {k: r for k, r in journal.read().items() if r.get("settings") == settings}
-        todo = [p for p in posts if p["post_id"] not in done]
+        journaled = journal.read()
+        done: dict[str, dict] = {}
+        todo: list[tuple[dict, int]] = []
+        stale = 0
+        for post in posts:
+            prev = journaled.get(post["post_id"])
+            same = (prev is not None and prev.get("settings") == settings
+                    and prev.get("audio") == audio[post["video_path"]])
+            if same and not prev.get("retryable"):
+                done[post["post_id"]] = prev
+                continue
+            stale += prev is not None and not same
+            todo.append((post, int(prev.get("attempts") or 0) if same else 0))
         log.info(
-            "chunk %d/%d: %d posts, %d already in the journal, %d to transcribe with %s",
-            chunk, n_chunks, len(posts), len(posts) - len(todo), len(todo), cfg["backend"],
+            "chunk %d/%d: %d posts, %d in the journal under the same audio and settings, %d to transcribe with %s "
+            "(%d of them journaled from other audio or settings)",
+            chunk, n_chunks, len(posts), len(done), len(todo), cfg["backend"], stale,
         )
         started = last = time.monotonic()
         audio_total = 0.0
-        for n, post in enumerate(todo, 1):
-            record = transcribe_post(model, post)
-            record["settings"] = settings
+        for n, (post, attempts_before) in enumerate(todo, 1):
+            item = audio[post["video_path"]]
+            record = transcribe_with_retries(model, post, attempts_before)
+            record.update(settings=settings, audio=item, transcript_id=identity.transcript_id(item, settings))
             journal.append(record)
             done[record["post_id"]] = record
             audio_total += record["audio_s"] or 0.0
@@ -278,6 +334,13 @@ def run_chunk(
                     elapsed / audio_total if audio_total else float("nan"),
                 )
     rows = [done[p["post_id"]] for p in posts]
+    waiting = [r for r in rows if r.get("retryable")]
+    if waiting:
+        raise TranscriptsIncomplete(
+            f"chunk {chunk}: {len(waiting)} post(s) still have no transcript after passing failures ("
+            + "; ".join(f"{r['post_id']}: {r['error']}" for r in waiting[:5])
+            + (", ..." if len(waiting) > 5 else "")
+            + f"); rerun the job to retry them (the finished ones are kept in {journal_beside(output_path)})")
     table = pa.Table.from_pylist([{k: r.get(k) for k in OUTPUT_SCHEMA.names} for r in rows], schema=OUTPUT_SCHEMA)
     write_parquet(table, output_path)
     counts: dict[str, int] = {}

@@ -34,7 +34,10 @@ from __future__ import annotations
 import asyncio
 import re
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from vidlabel.serve.settings import PlanSettings
 
 from vidlabel.serve import decode
 
@@ -64,9 +67,8 @@ class PlannedLimits:
     encoder_cache: int  # classify.max_num_batched_tokens (vLLM sizes its encoder cache from it)
 
     @classmethod
-    def from_config(cls, config: dict) -> "PlannedLimits":
-        c = config["classify"]
-        return cls(context=int(c["max_model_len"]), encoder_cache=int(c["max_num_batched_tokens"]))
+    def of(cls, plan: PlanSettings) -> "PlannedLimits":
+        return cls(context=int(plan.max_model_len), encoder_cache=int(plan.max_num_batched_tokens))
 
 
 @dataclass(frozen=True)

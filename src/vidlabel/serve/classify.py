@@ -2,28 +2,24 @@
 requests, journal every result, and write ``labels/shard-{i}.parquet`` once every request has a
 terminal record (in the model's folder, ``results/models/<name>/``: vidlabel.core.models).
 
-Resume: the journal (``journal/shard-{i}.jsonl``) holds one record per finished request. A rerun skips
-requests whose record is terminal (``ok``, or an error that a retry would not change) *and* was made
-under the same request fingerprint (``vidlabel.serve.client.request_fingerprint``: the prompt, the media
-file's size and mtime, the model, schema, generation settings and the server command); a record made
-under other settings stays in the journal (append-only) but is never reused, and the job logs how
-many it passed over and why. Once the job's servers are up, a record from another server (vLLM
-version or model folder, ``vidlabel.serve.endpoints``) is not reused either. Every journal of the results
-directory is read, not only the shard's own, so re-dealing posts to shards (``classify.shards``)
-sends nothing twice; a record found in another shard's journal is copied into this one. A transient
-error (timeout, 503, 5xx, connection) that used up its attempts is recorded but tried again by the
-next run, with a fresh attempt budget; once its attempts over all runs reach
-``RERUN_ATTEMPT_FACTOR * max_attempts`` the record becomes terminal, so a request that always fails
-ends as a clear record instead of failing the job forever.
+Resume (vidlabel.serve.resume): a rerun skips the requests whose journaled record is terminal and was
+made under the same request fingerprint (vidlabel.serve.provenance) and, once the servers are probed
+(vidlabel.serve.probe), by a server with the same fingerprint. Every job with ``classify.endpoints``
+probes them, also with nothing left to send; a job with its own servers and nothing to send starts
+none. A transient error (timeout, 503, 5xx, connection) that used up its attempts is recorded but
+tried again by the next run; once its attempts over all runs reach ``RERUN_ATTEMPT_FACTOR *
+max_attempts`` the record becomes terminal, so a request that always fails ends as a clear record.
 
 A failure shared by many requests is the server's, not theirs (``vidlabel.serve.breaker``): until the
-job's first answer requests go one at a time (the first is the media check); the same 5xx on two of
-them, a server that cannot see the job's media, a run of the same error with no answer in between, or
-a refusal that shows the server's limits below the plan's stops the job once with the server's
-message and the probable cause (ServerFailing, MediaUnreachable, ServerBelowPlan), and journals
-nothing terminal for those requests. Attempts made while nothing of the job was answered are not
-charged to the requests; where a request's failure would otherwise stay undecided because nothing else
-is left to send, one answered request of the shard is sent again as a control (not journaled).
+job's first answer requests go one at a time (the first is the media check, after the calibration
+videos, which usually show a server that cannot read the job's media before any post is sent); the
+same 5xx on two of them, a server that cannot see the job's media, a run of the same error with no
+answer in between, or a refusal that shows the server's limits below the plan's stops the job once
+with the server's message and the probable cause (ServerFailing, MediaUnreachable, ServerBelowPlan),
+and journals nothing terminal for those requests. Attempts made while nothing of the job was answered
+are not charged to the requests; where a request's failure would otherwise stay undecided because
+nothing else is left to send, one answered request of the shard is sent again as a control (not
+journaled).
 
 The job fails (raises) when no server is left (every own server copy exited, or every endpoint failed
 its health checks: ``vidlabel.serve.endpoints``; while one is left, traffic moves to it), on SIGTERM/SIGINT
@@ -36,65 +32,39 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import os
 import signal
-import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-import httpx
-import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vidlabel.core import settings as stage_settings
+from vidlabel.core import identity
 from vidlabel.core.io import write_parquet
-from vidlabel.core.journal import Journal, JournalLocked, iter_records
-from vidlabel.serve.breaker import Breaker, PlannedLimits, Trip
-from vidlabel.serve.client import (
-    ClassifyClient,
-    ClientSettings,
-    Stopped,
-    request_fingerprint,
-    run,
-)
-from vidlabel.serve.endpoints import NoLiveEndpoint
+from vidlabel.core.journal import Journal, JournalLocked
+from vidlabel.serve.breaker import Breaker, PlannedLimits, Trip, probable_media_cause
+from vidlabel.serve.calibration import calibration
+from vidlabel.serve.client import ClassifyClient, ClientSettings, Stopped, run
+from vidlabel.serve.command import server_copies
+from vidlabel.serve.endpoints import DOWN, NoLiveEndpoint, external_endpoints
 from vidlabel.serve.error_kinds import FatalClientError
 from vidlabel.serve.parallelism import choose_layout
-from vidlabel.serve.server import (
-    BROKEN_SMOKE_TRIES,
-    ServerBroken,
-    ServerBusy,
-    ServerError,
-    ServerGroup,
-    answer_settings,
-    log_tail,
-    server_copies,
-    smoke_request,
-)
+from vidlabel.serve.probe import CalibrationMediaError
+from vidlabel.serve.progress import Progress
+from vidlabel.serve.provenance import JobIdentity, Provenance
+from vidlabel.serve.record import labels_table
+from vidlabel.serve.resume import from_other_servers, is_terminal, matching_records, resume_state
+from vidlabel.serve.server import ServerError, ServerGroup, log_tail
+from vidlabel.serve.settings import ServeSettings
 
 log = logging.getLogger(__name__)
 
 RERUN_ATTEMPT_FACTOR = 2
-SMOKE_TRIES = 5  # an external endpoint's smoke request is asked again this often while it is busy
 
 MANIFEST_COLUMNS = ["request_id", "post_id", "media_path", "prompt", "est_prompt_tokens"]
-
-LABEL_SCHEMA = pa.schema([
-    ("request_id", pa.string()), ("post_id", pa.string()), ("shard", pa.int64()),
-    ("status", pa.string()), ("error_kind", pa.string()), ("error", pa.string()),
-    ("http_status", pa.int64()), ("attempts", pa.int64()), ("latency_s", pa.float64()),
-    ("started_at", pa.float64()), ("finished_at", pa.float64()), ("finish_reason", pa.string()),
-    ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()), ("est_prompt_tokens", pa.int64()),
-    ("raw_text", pa.string()), ("answers", pa.string()), ("answer_probs", pa.string()),
-    # Provenance (docs/outputs.md): what made the answer.
-    ("model", pa.string()), ("server", pa.string()), ("settings_fingerprint", pa.string()),
-    ("prompt_hash", pa.string()), ("request_fingerprint", pa.string()), ("sends", pa.int64()),
-    # GPUs the job held while it answered (its own servers); null for classify.endpoints.
-    ("gpus", pa.int64()),
-])
+# Columns an older manifest may lack: what the row's answer also depends on (vidlabel.core.identity).
+OPTIONAL_MANIFEST_COLUMNS = ["plan", "transcript_id", "transcript_status"]
 
 
 class ClassifyError(RuntimeError):
@@ -129,35 +99,15 @@ class ServerBelowPlan(ClassifyError):
 TRIP_ERRORS = {"server": ServerFailing, "limits": ServerBelowPlan, "media": MediaUnreachable}
 
 
-@dataclass(frozen=True)
-class Provenance:
-    """What every record of this job is made under (docs/outputs.md, labels)."""
-    model: str
-    settings_fingerprint: str
-    prompt_hash: str
-    server_settings: dict
-    gpus: int | None = None  # held by the job's own servers, once they are laid out
-
-    @classmethod
-    def from_config(cls, config: dict) -> "Provenance":
-        c = config["classify"]
-        return cls(model=c["model"], settings_fingerprint=stage_settings.fingerprint(config, "classify"),
-                   prompt_hash=stage_settings.digest([c["prompt_template"], c["questions"]]),
-                   server_settings=answer_settings(config))
-
-
-def is_terminal(record: dict | None) -> bool:
-    return record is not None and (record.get("status") == "ok" or not record.get("retryable", False))
-
-
 def read_shard(path: str | Path) -> list[dict[str, Any]]:
     """Manifest rows (one per request; a repeated request_id is kept once)."""
     table = pq.read_table(path)
     missing = [c for c in MANIFEST_COLUMNS if c not in table.column_names]
     if missing:
         raise ClassifyError(f"manifest shard {path} lacks columns {missing} (see docs/outputs.md)")
+    columns = MANIFEST_COLUMNS + [c for c in OPTIONAL_MANIFEST_COLUMNS if c in table.column_names]
     rows, seen = [], set()
-    for row in table.select(MANIFEST_COLUMNS).to_pylist():
+    for row in table.select(columns).to_pylist():
         if row["request_id"] in seen:
             continue
         seen.add(row["request_id"])
@@ -165,97 +115,36 @@ def read_shard(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def labels_table(records: list[dict[str, Any]], shard: int) -> pa.Table:
-    cols: dict[str, list] = {f.name: [] for f in LABEL_SCHEMA}
-    for rec in records:
-        for name in cols:
-            if name == "shard":
-                cols[name].append(shard)
-            elif name in ("answers", "answer_probs"):
-                value = rec.get(name)
-                cols[name].append(json.dumps(value, sort_keys=True) if value is not None else None)
-            else:
-                cols[name].append(rec.get(name))
-    return pa.table(cols, schema=LABEL_SCHEMA)
-
-
-@dataclass
-class Stats:
-    """This run's finished requests, for the progress line."""
-    done: int = 0
-    ok: int = 0
-    error: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-    def add(self, rec: dict) -> None:
-        self.done += 1
-        if rec["status"] == "ok":
-            self.ok += 1
-        else:
-            self.error += 1
-        self.prompt_tokens += rec.get("prompt_tokens") or 0
-        self.completion_tokens += rec.get("completion_tokens") or 0
-
-
-class _Progress:
-    def __init__(self, total: int, already: int, shard: int, interval_s: float):
-        self.total = total
-        self.already = already
-        self.shard = shard
-        self.interval_s = interval_s
-        self.stats = Stats()
-        self.t0 = self.last_finish = time.monotonic()
-        self.in_flight: Callable[[], int] = lambda: 0
-
-    def finished(self, rec: dict) -> None:
-        self.stats.add(rec)
-        self.last_finish = time.monotonic()
-
-    def line(self) -> str:
-        s = self.stats
-        now = time.monotonic()
-        elapsed = max(1e-9, now - self.t0)
-        rate = s.done / elapsed
-        done = self.already + s.done
-        quiet = now - self.last_finish
-        if self.in_flight() and quiet >= self.interval_s and not s.done:
-            # A large model's first answers take longer than a progress interval: not a stall yet.
-            eta = f"first answers pending for {quiet:.0f} s ({self.in_flight()} in flight)"
-        elif self.in_flight() and quiet >= self.interval_s:
-            # An ETA from the average rate would keep counting down while nothing finishes.
-            eta = f"stalled for {quiet:.0f} s ({self.in_flight()} in flight, none finished)"
-        else:
-            eta = "ETA " + (f"{(self.total - done) / rate / 60:.1f} min" if rate > 0 else "?")
-        return (f"shard {self.shard}: {done}/{self.total} done ({s.ok} ok, {s.error} error this run), "
-                f"{rate:.2f} req/s, {s.prompt_tokens / elapsed:.0f} input tok/s, "
-                f"{s.completion_tokens / elapsed:.1f} output tok/s, {eta}")
-
-
 def run_shard(config: dict, shard_path: str | Path, output_path: str | Path, journal_path: str | Path,
               server_log_path: str | Path, shard: int) -> None:
-    """Classify every request of a manifest shard; see the module docstring. Raises ClassifyError,
-    ServerError or FatalClientError when the shard is not complete."""
-    c = config["classify"]
+    """Classify every request of a manifest shard under ``config`` (one model's); see the module
+    docstring. Raises ClassifyError, ServerError or FatalClientError when the shard is not complete."""
+    classify_shard(ServeSettings.from_config(config), shard_path, output_path, journal_path, server_log_path, shard)
+
+
+def classify_shard(settings: ServeSettings, shard_path: str | Path, output_path: str | Path,
+                   journal_path: str | Path, server_log_path: str | Path, shard: int) -> None:
+    """``run_shard`` under settings already resolved."""
     for noisy in ("httpx", "httpx2"):  # one INFO line per HTTP request would drown the progress lines
         if logging.getLogger(noisy).level == logging.NOTSET:
             logging.getLogger(noisy).setLevel(logging.WARNING)
     rows = read_shard(shard_path)
-    provenance = Provenance.from_config(config)
-    client_settings = ClientSettings.from_config(config)
+    job = JobIdentity.resolve(settings)
+    provenance = Provenance.of(settings, job, shard)
+    media = identity.media_items([r["media_path"] for r in rows], settings.media_identity)
     for row in rows:
-        row["fingerprint"] = request_fingerprint(client_settings, provenance.server_settings, row)
+        row["fingerprint"] = job.fingerprint(row, media[row["media_path"]])
     try:
-        journal = Journal(journal_path, key="request_id", fsync=c["journal_fsync"]).__enter__()
+        journal = Journal(journal_path, key="request_id", fsync=settings.journal_fsync).__enter__()
     except JournalLocked as exc:
         raise ShardLocked(f"shard {shard}: {exc}") from None
     try:
-        prior, reused = resume_state(rows, journal)
+        prior, reused = resume_state(rows, journal, shard)
         pending = [r for r in rows if r["request_id"] not in reused]
-        log.info("shard %d: %d requests, %d answered before under the same settings, %d to send", shard,
-                 len(rows), len(reused), len(pending))
-        if pending:
-            run(_classify(config, provenance, rows, pending, reused, journal, prior, server_log_path, shard))
+        log.info("shard %d (job %s): %d requests, %d answered before under the same settings, %d to send", shard,
+                 provenance.job_id, len(rows), len(reused), len(pending))
+        if pending or not settings.own_servers:  # the endpoints are probed even when nothing is left
+            run(_classify(settings, provenance, rows, pending, reused, journal, prior, server_log_path, shard))
         final = matching_records([journal.path], rows)
     finally:
         journal.close()
@@ -271,85 +160,10 @@ def run_shard(config: dict, shard_path: str | Path, output_path: str | Path, jou
     log.info("shard %d: wrote %s (%d rows)", shard, output_path, len(rows))
 
 
-def matching_records(paths: list[Path], rows: list[dict]) -> dict[str, dict]:
-    """The latest record of each row made under the row's fingerprint, from ``paths`` in order (a
-    later file only fills in rows an earlier one lacks)."""
-    wanted = {r["request_id"]: r["fingerprint"] for r in rows}
-    found: dict[str, dict] = {}
-    for path in paths:
-        here: dict[str, dict] = {}
-        for rec in iter_records(path, "request_id", wanted):
-            rid = rec.get("request_id")
-            if rid in wanted and rid not in found and rec.get("request_fingerprint") == wanted[rid]:
-                here[rid] = rec
-        found.update(here)
-    return found
-
-
-def resume_state(rows: list[dict], journal: Journal) -> tuple[dict[str, dict], dict[str, dict]]:
-    """(prior, reused): this journal's latest record per request under the request's fingerprint, and
-    the terminal ones among them plus those of every other journal beside it (posts move between
-    shards when ``classify.shards`` changes; such records are copied into this journal). Logs how many
-    journaled answers were passed over, and why."""
-    prior = matching_records([journal.path], rows)
-    others = sorted(p for p in journal.path.parent.glob("*.jsonl") if p != journal.path)
-    todo = [r for r in rows if not is_terminal(prior.get(r["request_id"]))]
-    elsewhere = {rid: rec for rid, rec in matching_records(others, todo).items() if is_terminal(rec)}
-    for rec in elsewhere.values():
-        journal.append(dict(rec, copied_from_shard_journal=True))
-    if elsewhere:
-        log.info("copied %d answer(s) from other shards' journals (their posts were in other shards before)",
-                 len(elsewhere))
-    reused = {rid: rec for rid, rec in prior.items() if is_terminal(rec)} | elsewhere
-    missing = {r["request_id"] for r in rows} - set(reused)
-    passed_over: dict[str, int] = {}
-    for rec in iter_records(journal.path):
-        rid = rec.get("request_id")
-        if rid in missing and is_terminal(rec):
-            missing.discard(rid)
-            why = ("made before records had fingerprints" if "request_fingerprint" not in rec
-                   else "made under other settings, prompt, media or server")
-            passed_over[why] = passed_over.get(why, 0) + 1
-    for why, n in passed_over.items():
-        log.info("passed over the journaled answers of %d request(s), %s: they are sent again", n, why)
-    return prior, reused
-
-
-async def _external_endpoints(config: dict) -> tuple[list[tuple[str, str]], dict[int, str]]:
-    """The endpoints and, by index, why those that failed their smoke request are down (ServerError
-    when all did; FatalClientError when one refused the key)."""
-    c = config["classify"]
-    key = os.environ.get(c["api_key_env"], "")
-    if not key:
-        log.warning("environment variable %s is empty: sending requests without an API key", c["api_key_env"])
-    endpoints = [(url.rstrip("/"), key or "none") for url in c["endpoints"]]
-    down: dict[int, tuple[str, bool]] = {}  # index -> (why, for good: broken rather than busy or away)
-    async with httpx.AsyncClient(timeout=60.0) as http:
-        for i, (url, k) in enumerate(endpoints):
-            broken = 0
-            for attempt in range(1, SMOKE_TRIES + 1):
-                try:
-                    await smoke_request(http, url, {"Authorization": f"Bearer {k}"}, c["model"])
-                    break
-                except ServerError as exc:
-                    broken += isinstance(exc, ServerBroken)
-                    again = isinstance(exc, ServerBusy) or (isinstance(exc, ServerBroken) and broken < BROKEN_SMOKE_TRIES)
-                    if again and attempt < SMOKE_TRIES:
-                        await asyncio.sleep(1.0)
-                        continue
-                    log.error("endpoint %s is down at the start: %s", url, exc)
-                    # Broken (a 500 while /health may answer 200): not to be brought back by its health checks.
-                    down[i] = (str(exc), isinstance(exc, ServerBroken))
-                    break
-    if len(down) == len(endpoints):
-        raise ServerError("no endpoint answered: " + "; ".join(why for why, _ in down.values()))
-    return endpoints, down
-
-
-async def _classify(config: dict, provenance: Provenance, rows: list[dict], pending: list[dict],
-                    reused: dict[str, dict], journal: Journal, prior: dict, server_log_path, shard: int) -> None:
-    c = config["classify"]
-    settings = ClientSettings.from_config(config)
+async def _classify(settings: ServeSettings, provenance: Provenance, rows: list[dict], pending: list[dict],
+                    reused: dict, journal: Journal, prior: dict, server_log_path, shard: int) -> None:
+    client_settings = settings.client
+    grace_s = settings.server.shutdown_grace_s
     stop_sending = asyncio.Event()  # no new requests (SIGTERM, watchdog, fatal error)
     abort = asyncio.Event()  # abandon in-flight requests now
     why: dict[str, str] = {}
@@ -358,7 +172,7 @@ async def _classify(config: dict, provenance: Provenance, rows: list[dict], pend
     def on_signal(signame: str) -> None:
         if "reason" not in why:
             log.warning("shard %d: %s received: no new requests; %g s grace for those in flight",
-                        shard, signame, c["shutdown_grace_s"])
+                        shard, signame, grace_s)
         why.setdefault("reason", signame)
         stop_sending.set()
 
@@ -381,7 +195,7 @@ async def _classify(config: dict, provenance: Provenance, rows: list[dict], pend
         stop_sending.set()
         abort.set()
 
-    breaker = Breaker(PlannedLimits.from_config(config), on_trip)
+    breaker = Breaker(PlannedLimits.of(settings.plan), on_trip)
     installed = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(RuntimeError, ValueError, NotImplementedError):
@@ -390,18 +204,19 @@ async def _classify(config: dict, provenance: Provenance, rows: list[dict], pend
 
     server = None
     watchdog = None
-    down: dict[int, tuple[str, bool]] = {}
+    progress = None
+    down: dict[int, tuple[str, bool]] = {}  # index -> (why, for good)
     try:
-        if c["endpoints"]:
-            endpoints, down = await _external_endpoints(config)
+        if settings.endpoints:
+            endpoints, down = await external_endpoints(settings)
         else:
-            largest = max(int(r["est_prompt_tokens"] or 0) for r in pending) + c["max_tokens"]
-            layout = choose_layout(config, largest)
+            largest = max(int(r["est_prompt_tokens"] or 0) for r in pending) + client_settings.max_tokens
+            layout = choose_layout(settings, largest)
             log.info("shard %d: parallelism %s", shard, layout.reason)
             provenance = replace(provenance, gpus=layout.held or None)
             # Requests in flight scale with the copies: classify.concurrency is per copy.
-            settings.concurrency *= layout.data
-            server = ServerGroup(config, server_copies(config, layout, server_log_path)).start()
+            client_settings = replace(client_settings, concurrency=client_settings.concurrency * layout.data)
+            server = ServerGroup(settings, server_copies(settings, layout, server_log_path)).start()
             ready = asyncio.create_task(server.wait_ready())
             stopper = asyncio.create_task(stop_sending.wait())
             await asyncio.wait({ready, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -414,19 +229,30 @@ async def _classify(config: dict, provenance: Provenance, rows: list[dict], pend
             ready.result()  # raises ServerError
             endpoints = server.endpoints
 
-        async with ClassifyClient(endpoints, settings, stop_event=abort, on_failure=on_server_failure,
-                                  owned=server is not None, breaker=breaker) as client:
-            for index, (reason, final) in down.items():
+        try:
+            client = ClassifyClient(endpoints, client_settings, stop_event=abort, on_failure=on_server_failure,
+                                    owned=server is not None, breaker=breaker, calibration=calibration(settings))
+            for index, (reason, final) in down.items():  # before the client probes the others
                 client.endpoints.mark_down(index, reason, final=final)
-            pending = pending + other_servers(rows, reused, pending, client, shard)
-            progress = _Progress(len(rows), len(rows) - len(pending), shard, c["progress_interval_s"])
-            if server is not None:
-                # A copy whose process exits is down for good; its traffic moves to the others.
-                watchdog = asyncio.create_task(server.watchdog(
-                    lambda index, message: client.endpoints.mark_down(index, message, final=True)))
-            progress.in_flight = lambda: client.deadlines.in_flight
-            await _stream(client, pending, journal, prior, settings, provenance, progress, stop_sending,
-                          abort, why, c["shutdown_grace_s"], breaker, control_row(rows, reused, pending))
+            async with client:
+                live = [ep.identity for ep in client.endpoints.all if ep.state != DOWN]
+                pending = pending + from_other_servers(rows, reused, pending, live, shard)
+                if not pending:
+                    log.info("shard %d: every answer is journaled and came from the servers now up: nothing to send",
+                             shard)
+                    return
+                progress = Progress(len(rows), len(rows) - len(pending), shard, settings.progress_interval_s)
+                if server is not None:
+                    # A copy whose process exits is down for good; its traffic moves to the others.
+                    watchdog = asyncio.create_task(server.watchdog(
+                        lambda index, message: client.endpoints.mark_down(index, message, final=True)))
+                progress.in_flight = lambda: client.deadlines.in_flight
+                await _stream(client, pending, journal, prior, client_settings, provenance, progress, stop_sending,
+                              abort, why, grace_s, breaker, control_row(rows, reused, pending))
+        except CalibrationMediaError as exc:
+            raise MediaUnreachable(f"shard {shard}: {exc} — probable cause: "
+                                   f"{probable_media_cause(exc.message)}. Nothing was sent; fix it "
+                                   "and rerun.") from None
         log.info(progress.line())
     finally:
         if watchdog is not None:
@@ -449,20 +275,6 @@ async def _classify(config: dict, provenance: Provenance, rows: list[dict], pend
                              f"this run and are journaled; rerun to continue")
 
 
-def other_servers(rows: list[dict], reused: dict[str, dict], pending: list[dict], client: ClassifyClient,
-                  shard: int) -> list[dict]:
-    """Reused requests answered by a server other than the ones now up (another vLLM version or model
-    folder): sent again, so that the shard's answers come from one server."""
-    identities = {ep.identity for ep in client.endpoints.all}
-    pending_ids = {r["request_id"] for r in pending}
-    again = [r for r in rows if r["request_id"] in reused and r["request_id"] not in pending_ids
-             and reused[r["request_id"]].get("server") not in identities]
-    if again:
-        log.info("shard %d: %d journaled answer(s) came from another server than %s: sent again", shard,
-                 len(again), " / ".join(sorted(filter(None, identities))) or "this one")
-    return again
-
-
 def control_row(rows: list[dict], reused: dict[str, dict], pending: list[dict]) -> dict | None:
     """An answered request of the shard, the cheapest, to send again when only a control can tell whether
     the server answers at all (its answer is not journaled); None when the shard has none."""
@@ -476,7 +288,7 @@ def control_row(rows: list[dict], reused: dict[str, dict], pending: list[dict]) 
 
 
 async def _stream(client: ClassifyClient, pending: list[dict], journal: Journal, prior: dict,
-                  settings: ClientSettings, provenance: Provenance, progress: _Progress,
+                  settings: ClientSettings, provenance: Provenance, progress: Progress,
                   stop_sending: asyncio.Event, abort: asyncio.Event, why: dict, grace_s: float,
                   breaker: Breaker, control: dict | None = None) -> None:
     rerun_limit = RERUN_ATTEMPT_FACTOR * settings.max_attempts
@@ -485,7 +297,7 @@ async def _stream(client: ClassifyClient, pending: list[dict], journal: Journal,
 
     def journal_records(records: list[dict]) -> None:
         for rec in records:
-            journal.append(rec)
+            journal.append(rec.journal())
             progress.finished(rec)
 
     def finish(rec: dict, row: dict) -> None:
@@ -501,8 +313,7 @@ async def _stream(client: ClassifyClient, pending: list[dict], journal: Journal,
                 and rec["error_kind"] != "media_unreachable"):
             rec["retryable"] = False
             rec["error"] = f"{rec['error']}; {rec['attempts']} attempts over several runs, giving up"
-        rec.update(model=provenance.model, settings_fingerprint=provenance.settings_fingerprint,
-                   prompt_hash=provenance.prompt_hash, request_fingerprint=row["fingerprint"], gpus=provenance.gpus)
+        rec = provenance.record(rec, row)  # frozen from here on, stamped with what made it
         journal_records(breaker.settle(rec, answered=rec["http_status"] == 200))
 
     async def send(row: dict) -> dict | None:

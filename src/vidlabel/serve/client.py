@@ -40,11 +40,9 @@ from typing import Any, Callable, Coroutine, TypeVar
 
 import aiohttp
 
-from vidlabel.core.settings import digest
-from vidlabel.prepare.planning import allowed_media_path
-from vidlabel.prepare.prompt import parse_answers, response_format
+from vidlabel.prepare.prompt import parse_answers
 from vidlabel.serve.concurrency import adapt
-from vidlabel.serve.confidence import answer_probabilities, logprobs_request
+from vidlabel.serve.confidence import answer_probabilities
 from vidlabel.serve.deadline import Deadlines, Expired
 from vidlabel.serve.endpoints import Endpoint, Endpoints, NoLiveEndpoint, describe
 from vidlabel.serve.error_kinds import (
@@ -55,6 +53,9 @@ from vidlabel.serve.error_kinds import (
     server_cannot_see_media,
 )
 from vidlabel.serve.limit import InFlightLimit, backoff_s
+from vidlabel.serve.probe import Calibration
+from vidlabel.serve.record import new_result
+from vidlabel.serve.settings import ClientSettings
 
 T = TypeVar("T")
 
@@ -75,64 +76,6 @@ _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=F
 
 class Stopped(Exception):
     """The client was told to stop (job SIGTERM, no endpoint left) while the request was running."""
-
-
-@dataclass
-class ClientSettings:
-    model: str
-    questions: list[dict[str, Any]]
-    concurrency: int = 16
-    max_tokens: int = 512
-    temperature: float = 0.0
-    top_logprobs: int = 20
-    request_timeout_s: float = 900.0
-    adaptive_deadline: bool = True
-    deadline_floor_s: float = 60.0
-    max_attempts: int = 6
-    backoff_initial_s: float = 1.0
-    backoff_max_s: float = 60.0
-    health_interval_s: float = 10.0
-    media_root: str | None = None  # the one directory the server may read (planning.allowed_media_path)
-    adaptive: bool = False
-    adaptive_floor: int = 4
-    adaptive_ceiling: int = 64
-    adaptive_interval_s: float = 2.0
-
-    @classmethod
-    def from_config(cls, config: dict) -> "ClientSettings":
-        c = config["classify"]
-        ad = c["adaptive_concurrency"]
-        return cls(model=c["model"], questions=c["questions"], concurrency=c["concurrency"],
-                   max_tokens=c["max_tokens"], temperature=c["temperature"], top_logprobs=c["top_logprobs"],
-                   request_timeout_s=c["request_timeout_s"], adaptive_deadline=c["adaptive_deadline"],
-                   deadline_floor_s=c["deadline_floor_s"], max_attempts=c["max_attempts"],
-                   backoff_initial_s=c["backoff_initial_s"], backoff_max_s=c["backoff_max_s"],
-                   health_interval_s=c["health_interval_s"], media_root=allowed_media_path(config),
-                   adaptive=ad["enabled"],
-                   adaptive_floor=ad["floor"], adaptive_ceiling=ad["ceiling"])
-
-
-    def request_settings(self) -> dict[str, Any]:
-        """Every body field besides the messages and max_tokens: what decides the answer with them."""
-        return {"model": self.model, "response_format": response_format(self.questions),
-                "temperature": self.temperature, **logprobs_request(self.top_logprobs)}
-
-
-def media_identity(path: str) -> dict[str, Any]:
-    """What identifies a media file's content cheaply: its path, size and modification time."""
-    try:
-        st = Path(path).stat()
-    except OSError as exc:
-        return {"path": path, "error": type(exc).__name__}
-    return {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-
-
-def request_fingerprint(settings: "ClientSettings", server: dict[str, Any], row: dict) -> str:
-    """Everything that decides a request's answer, hashed: the request as sent (prompt, media, model,
-    schema, generation settings, max_tokens), the media file's identity and the server's settings.
-    A journal record is reused only under the same fingerprint (docs/outputs.md)."""
-    return digest({"request": settings.request_settings(), "max_tokens": settings.max_tokens,
-                   "prompt": row["prompt"], "media": media_identity(row["media_path"]), "server": server})
 
 
 @dataclass
@@ -160,10 +103,11 @@ class ClassifyClient:
 
     def __init__(self, endpoints: list[tuple[str, str]], settings: ClientSettings,
                  stop_event: asyncio.Event | None = None, on_failure: Callable[[str], None] | None = None,
-                 owned: bool = False, breaker=None):
+                 owned: bool = False, breaker=None, calibration: Calibration | None = None):
         s = self.settings = settings
         self.breaker = breaker
         self.token = secrets.token_hex(4)  # makes this client's X-Request-Ids its own
+        self.calibration = calibration  # the calibration videos each endpoint's identity is probed with
         self.stop_event = stop_event or asyncio.Event()
         self.on_failure = on_failure
         self.failure: NoLiveEndpoint | None = None
@@ -185,9 +129,13 @@ class ClassifyClient:
         # No total timeout: the deadline is ours, so that it can follow the shard's pace.
         self._session = aiohttp.ClientSession(
             connector=connector, timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S))
-        await self.endpoints.identify(self._session)
-        self._tasks = [asyncio.create_task(self.endpoints.watch()), asyncio.create_task(self.deadlines.watch())]
         s = self.settings
+        try:
+            await self.endpoints.identify(self._session, s.model, self.calibration)
+        except BaseException:
+            await self._session.close()
+            raise
+        self._tasks = [asyncio.create_task(self.endpoints.watch()), asyncio.create_task(self.deadlines.watch())]
         if s.adaptive:
             self._tasks.append(asyncio.create_task(adapt(self.limit, self.endpoints.all, s.adaptive_floor,
                                                          s.adaptive_ceiling, s.adaptive_interval_s,
@@ -306,14 +254,7 @@ class ClassifyClient:
 
     async def _classify(self, row: dict) -> dict:
         s = self.settings
-        rec: dict[str, Any] = {
-            "request_id": row["request_id"], "post_id": row["post_id"], "status": "error",
-            "error_kind": None, "error": None, "http_status": None, "attempts": 0, "sends": 0,
-            "latency_s": None, "started_at": None, "finished_at": None, "finish_reason": None,
-            "prompt_tokens": None, "completion_tokens": None, "est_prompt_tokens": row.get("est_prompt_tokens"),
-            "raw_text": None, "answers": None, "answer_probs": None, "answer_probs_missing": None,
-            "retryable": False, "server": None,
-        }
+        rec = new_result(row)
         max_tokens = s.max_tokens
         tokens = int(row.get("est_prompt_tokens") or 0) + s.max_tokens
         charged = free = 0

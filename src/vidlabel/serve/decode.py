@@ -356,6 +356,7 @@ def preflight(argv: list[str], environ: Mapping[str, str]) -> str | None:
 GPU_DECODE_GIB_PER_API_SERVER = 0.125 + 1.8
 
 
-def gpu_reserve_gib(config: Mapping, api_servers: int) -> float:
-    """GPU memory per GPU that the decoder takes from the server (0 unless it decodes on the GPU)."""
-    return GPU_DECODE_GIB_PER_API_SERVER * max(1, api_servers) if backend(config) == "pynvvideocodec" else 0.0
+def gpu_reserve_gib(video_backend: str, api_servers: int) -> float:
+    """GPU memory per GPU that the decoder (a vLLM video backend, ``backend``) takes from the server (0
+    unless it decodes on the GPU)."""
+    return GPU_DECODE_GIB_PER_API_SERVER * max(1, api_servers) if video_backend == "pynvvideocodec" else 0.0

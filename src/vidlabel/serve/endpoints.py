@@ -18,8 +18,8 @@ The job's own servers (``owned``) are judged by their process (the watchdog) and
 connections, not by a slow probe: vLLM's ``/health`` runs on the API server's event loop and can take
 tens of seconds under heavy preprocessing. For them a probe that times out means busy.
 
-``identify()`` reads each endpoint's identity once (``/version`` and ``/v1/models``: the vLLM version
-and the model folder it serves); every record names the server that answered it.
+``identify()`` probes each endpoint's identity once (vidlabel.serve.probe: its version, model, reported
+settings and calibration videos); every record names the server that answered it and its fingerprint.
 """
 
 from __future__ import annotations
@@ -27,15 +27,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from typing import Callable
 
 import aiohttp
+import httpx
 from yarl import URL
+
+from vidlabel.serve.probe import Calibration, ServerIdentity, identify
+from vidlabel.serve.server import BROKEN_SMOKE_TRIES, ServerBroken, ServerBusy, ServerError, smoke_request
+from vidlabel.serve.settings import ServeSettings
 
 log = logging.getLogger(__name__)
 
 FAILURES_BEFORE_DOWN = 3
+SMOKE_TRIES = 5  # an external endpoint's smoke request is asked again this often while it is busy
 SUSPECT_PROBE_S = 1.0
 PROBE_TIMEOUT_S = 5.0
 UP, SUSPECT, DOWN = "up", "suspect", "down"
@@ -58,12 +65,13 @@ class Endpoint:
     def __init__(self, index: int, base_url: str, api_key: str, owned: bool = False):
         self.index = index
         self.owned = owned
-        self.identity: str | None = None
+        self.identity: ServerIdentity | None = None
         self.base_url = base_url.rstrip("/")
         root = self.base_url[: -len("/v1")] if self.base_url.endswith("/v1") else self.base_url
         self.chat_url = URL(self.base_url + "/chat/completions")
         self.metrics_url = root + "/metrics"
         self.version_url = root + "/version"
+        self.server_info_url = root + "/server_info?config_format=json"
         self.models_url = self.base_url + "/models"
         self.probe_url = root + "/health"
         self.headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
@@ -173,9 +181,14 @@ class Endpoints:
             ep.state = SUSPECT
             ep.next_probe = time.monotonic() + min(SUSPECT_PROBE_S, self.interval_s)
 
-    async def identify(self, session: aiohttp.ClientSession) -> None:
-        """Set every endpoint's ``identity``: "vLLM <version>, model <folder> as <name>"."""
-        await asyncio.gather(*(_identify(session, ep) for ep in self.all))
+    async def identify(self, session: aiohttp.ClientSession, model: str,
+                       calibration: Calibration | None = None) -> None:
+        """Set the ``identity`` of every endpoint not down (vidlabel.serve.probe), with the calibration
+        videos if given."""
+        live = [ep for ep in self.all if ep.state != DOWN]
+        found = await asyncio.gather(*(identify(session, ep, model, calibration) for ep in live))
+        for ep, identity in zip(live, found):
+            ep.identity = identity
 
     async def watch(self) -> None:
         timeout = aiohttp.ClientTimeout(total=max(1.0, min(PROBE_TIMEOUT_S, self.interval_s)))
@@ -193,21 +206,32 @@ class Endpoints:
                     await asyncio.wait_for(self._wake.wait(), max(0.01, min(waits) - time.monotonic()))
 
 
-async def _get_json(session: aiohttp.ClientSession, url: str, headers: dict) -> dict | None:
-    try:
-        async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=60)) as resp:
-            if resp.status != 200:
-                return None
-            data = await resp.json(content_type=None)
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-async def _identify(session: aiohttp.ClientSession, ep: Endpoint) -> None:
-    version = (await _get_json(session, ep.version_url, ep.headers) or {}).get("version")
-    models = (await _get_json(session, ep.models_url, ep.headers) or {}).get("data") or []
-    model = models[0] if models and isinstance(models[0], dict) else {}
-    name, root = model.get("id"), model.get("root")
-    served = f"{root} as {name}" if root and name and root != name else (root or name or "unknown")
-    ep.identity = f"vLLM {version or 'unknown version'}, model {served}"
+async def external_endpoints(settings: ServeSettings) -> tuple[list[tuple[str, str]], dict[int, tuple[str, bool]]]:
+    """The endpoints and, by index, why those that failed their smoke request are down and whether for
+    good (ServerError when all did; FatalClientError when one refused the key)."""
+    key = os.environ.get(settings.api_key_env, "")
+    if not key:
+        log.warning("environment variable %s is empty: sending requests without an API key", settings.api_key_env)
+    endpoints = [(url, key or "none") for url in settings.endpoints]
+    down: dict[int, tuple[str, bool]] = {}  # index -> (why, for good: broken rather than busy or away)
+    async with httpx.AsyncClient(timeout=60.0) as http:
+        for i, (url, k) in enumerate(endpoints):
+            broken = 0
+            for attempt in range(1, SMOKE_TRIES + 1):
+                try:
+                    await smoke_request(http, url, {"Authorization": f"Bearer {k}"}, settings.model)
+                    break
+                except ServerError as exc:
+                    broken += isinstance(exc, ServerBroken)
+                    again = isinstance(exc, ServerBusy) or (isinstance(exc, ServerBroken)
+                                                            and broken < BROKEN_SMOKE_TRIES)
+                    if again and attempt < SMOKE_TRIES:
+                        await asyncio.sleep(1.0)
+                        continue
+                    log.error("endpoint %s is down at the start: %s", url, exc)
+                    # Broken (a 500 while /health may answer 200): not to be brought back by its health checks.
+                    down[i] = (str(exc), isinstance(exc, ServerBroken))
+                    break
+    if len(down) == len(endpoints):
+        raise ServerError("no endpoint answered: " + "; ".join(why for why, _ in down.values()))
+    return endpoints, down

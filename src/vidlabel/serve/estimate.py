@@ -55,6 +55,7 @@ import pyarrow.parquet as pq
 
 from vidlabel.core.io import write_parquet, write_text
 from vidlabel.serve.parallelism import choose_layout, granted_gpus
+from vidlabel.serve.settings import ServeSettings
 
 log = logging.getLogger(__name__)
 
@@ -221,13 +222,12 @@ def fit(records: pa.Table | list[dict], job_started_at: float | None = None) -> 
                wall_s=float(wall), startup_s=max(0.0, startup))
 
 
-def request_slots(config: dict, largest_request_tokens: int) -> int:
+def request_slots(settings: ServeSettings, largest_request_tokens: int) -> int:
     """Requests a shard job keeps in flight: ``classify.concurrency`` per server copy (the copies the
     job's layout gives, as ``classify.run_shard`` chooses it) or per external endpoint."""
-    c = config["classify"]
-    if c["endpoints"]:
-        return c["concurrency"] * len(c["endpoints"])
-    return c["concurrency"] * choose_layout(config, largest_request_tokens).data
+    if settings.endpoints:
+        return settings.client.concurrency * len(settings.endpoints)
+    return settings.client.concurrency * choose_layout(settings, largest_request_tokens).data
 
 
 def pilot_too_small(config: dict, slots: int) -> str | None:
@@ -372,7 +372,8 @@ def run(config: dict, shard_paths, json_path, md_path, workdir,
     if everything.num_rows == 0:
         raise ValueError("the manifest has no requests to estimate")
     est_tokens = everything.column("est_prompt_tokens").to_numpy(zero_copy_only=False)
-    slots = request_slots(config, int(est_tokens.max()) + config["classify"]["max_tokens"])
+    settings = ServeSettings.from_config(config)
+    slots = request_slots(settings, int(est_tokens.max()) + settings.client.max_tokens)
     small = pilot_too_small(config, slots) if len(est_tokens) > config["planning"]["pilot_size"] else None
     if small:
         log.warning("estimate: %s", small)
@@ -385,7 +386,7 @@ def run(config: dict, shard_paths, json_path, md_path, workdir,
     if not pilot_path.exists() or not pq.read_table(pilot_path).equals(pilot):
         write_parquet(pilot, pilot_path)  # another draw: other pilot size, manifest or seed
     job_started = time.time()
-    classify.run_shard(config, pilot_path, labels_path, journal_path, server_log_path, 0)
+    classify.classify_shard(settings, pilot_path, labels_path, journal_path, server_log_path, 0)
     labels = pq.read_table(labels_path).to_pylist()
     fresh = [r for r in labels if (r.get("started_at") or 0) >= job_started - 1]
     measured = fresh if sum(r["status"] == "ok" for r in fresh) >= 3 else labels

@@ -36,13 +36,17 @@ import logging
 import math
 import os
 import re
-import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from vidlabel.core.identity import model_files
 from vidlabel.serve import decode, quantization
+
+if TYPE_CHECKING:
+    from vidlabel.serve.settings import LayoutSettings, ServeSettings
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +110,9 @@ def granted_gpus(environ=os.environ) -> tuple[list[str], str]:
     return [], "no GPU visible"
 
 
-def gpu_memory_gib(config: dict) -> tuple[float | None, str]:
+def gpu_memory_gib(layout: LayoutSettings) -> tuple[float | None, str]:
     """Memory per GPU in GiB (the smallest GPU's), and where it came from."""
-    configured = config["classify"].get("gpu_memory_gib")
+    configured = layout.gpu_memory_gib
     if configured:
         return float(configured), "classify.gpu_memory_gib"
     out = _nvidia_smi(["--query-gpu=memory.total", "--format=csv,noheader,nounits"])
@@ -134,18 +138,6 @@ def _nvidia_smi(args: list[str]) -> str | None:
 
 
 # ------------------------------------------------------------------------------- the model
-
-def model_files(model: str) -> Path | None:
-    """The directory holding the model's config.json: a local path, or its Hugging Face cache snapshot."""
-    local = Path(model).expanduser()
-    if (local / "config.json").is_file():
-        return local
-    hub = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME") or "~/.cache/huggingface")
-               / "hub").expanduser()
-    snapshots = hub / ("models--" + model.replace("/", "--")) / "snapshots"
-    found = sorted(snapshots.glob("*/config.json"), key=lambda p: p.stat().st_mtime) if snapshots.is_dir() else []
-    return found[-1].parent if found else None
-
 
 def _dtype_bytes(cfg: dict) -> int:
     text = cfg.get("text_config") or {}
@@ -210,21 +202,17 @@ def model_footprint(model: str) -> ModelFootprint | None:
                           "quantization_config" in cfg or "quantization_config" in text)
 
 
-def server_flag(config: dict, *names: str) -> str | None:
+def server_flag(words: list[str], *names: str) -> str | None:
     """The value of the last of ``names`` in the server command plus ``classify.server_args``, if any."""
-    c = config["classify"]
-    try:
-        words = shlex.split(c["server_command"]) + shlex.split(c["server_args"])
-    except ValueError:  # the server start reports the bad quoting with its key
-        return None
     return decode.flag_value(words, *names)[1]
 
 
-def served_footprint(config: dict, footprint: ModelFootprint) -> ModelFootprint:
+def served_footprint(settings: ServeSettings, footprint: ModelFootprint) -> ModelFootprint:
     """``footprint`` as the server stores it: weights at the width of ``classify.quantization`` (or of a
     --quantization in the server command), KV at --kv-cache-dtype."""
-    method = config["classify"].get("quantization") or server_flag(config, *quantization.FLAG_ALIASES)
-    kv_dtype = server_flag(config, "--kv-cache-dtype")
+    words = settings.server.words
+    method = settings.server.quantization or server_flag(words, *quantization.FLAG_ALIASES)
+    kv_dtype = server_flag(words, "--kv-cache-dtype")
     weights, kv, notes = footprint.weight_bytes, footprint.kv_bytes_per_token, []
     if method in QUANTIZED_BYTES and not footprint.prequantized:
         weights = weights * QUANTIZED_BYTES[method] / footprint.dtype_bytes
@@ -249,14 +237,13 @@ def fits(footprint: ModelFootprint, tensor: int, memory_gib: float, utilization:
     return per_gpu <= memory_gib * utilization
 
 
-def choose_layout(config: dict, largest_request_tokens: int, environ=os.environ,
+def choose_layout(settings: ServeSettings, largest_request_tokens: int, environ=os.environ,
                   footprint: ModelFootprint | None = None) -> Layout:
     """The layout for this job (see the module docstring); ``footprint`` overrides the lookup (tests)."""
-    c = config["classify"]
+    c = settings.layout
     gpus, gpu_source = granted_gpus(environ)
-    setting = c["parallelism"]
-    if isinstance(setting, dict):
-        tensor, data = int(setting["tensor"]), int(setting.get("data", 1))
+    if c.parallelism is not None:
+        tensor, data = c.parallelism
         if gpus and tensor * data > len(gpus):
             raise ParallelismError(
                 f"config key 'classify.parallelism': tensor {tensor} x data {data} needs {tensor * data} GPUs "
@@ -267,12 +254,12 @@ def choose_layout(config: dict, largest_request_tokens: int, environ=os.environ,
 
     n = max(1, len(gpus))
     ids = tuple(gpus) if gpus else ("0",)
-    memory, memory_source = gpu_memory_gib(config)
-    footprint = footprint or model_footprint(c["model"])
+    memory, memory_source = gpu_memory_gib(c)
+    footprint = footprint or model_footprint(settings.model)
     if footprint is not None:
-        footprint = served_footprint(config, footprint)
+        footprint = served_footprint(settings, footprint)
     inputs = (f"{n} GPUs ({gpu_source}: {','.join(ids)}), {'%.1f GiB' % memory if memory else 'memory unknown'} per GPU "
-              f"({memory_source}), utilization {c['gpu_memory_utilization']:g}, largest request "
+              f"({memory_source}), utilization {c.gpu_memory_utilization:g}, largest request "
               f"{largest_request_tokens} tokens")
     if footprint is None or memory is None:
         why = "model size unknown" if footprint is None else "GPU memory unknown"
@@ -284,11 +271,11 @@ def choose_layout(config: dict, largest_request_tokens: int, environ=os.environ,
     weights = f"weights {footprint.weight_bytes / GIB:.1f} GiB, {kv} ({footprint.source})"
     # GPU decoding takes memory per API server from every GPU of a copy (at most 8 API servers:
     # vidlabel.serve.server.MAX_API_SERVERS, unless classify.api_server_count says otherwise).
-    reserve = decode.gpu_reserve_gib(config, c["api_server_count"] or 8)
+    reserve = decode.gpu_reserve_gib(settings.server.decode_backend, settings.server.api_server_count or 8)
     if reserve:
         weights += f"; GPU decoding {reserve:.1f} GiB per GPU"
     for tensor in candidates:
-        if fits(footprint, tensor, memory, c["gpu_memory_utilization"], largest_request_tokens, reserve):
+        if fits(footprint, tensor, memory, c.gpu_memory_utilization, largest_request_tokens, reserve):
             return Layout(tensor, n // tensor, ids,
                           f"auto: tensor {tensor} x data {n // tensor} (smallest tensor-parallel size that fits); "
                           f"{weights}; {inputs}", held=len(gpus))

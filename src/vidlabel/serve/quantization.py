@@ -10,8 +10,6 @@ H200). A method given in ``classify.server_args`` instead still sizes the layout
 
 from __future__ import annotations
 
-from typing import Mapping
-
 from vidlabel.serve.decode import flag_value
 
 FLAG = "--quantization"
@@ -22,10 +20,9 @@ class QuantizationConflict(ValueError):
     """``classify.quantization`` and a ``--quantization`` in the server command disagree."""
 
 
-def with_flag(argv: list[str], config: Mapping) -> list[str]:
+def with_flag(argv: list[str], method: str | None) -> list[str]:
     """``argv`` with ``--quantization METHOD`` for ``classify.quantization`` (appended, like
     ``classify.server_args``); unchanged when it is null or the command already says the same."""
-    method = config["classify"].get("quantization")
     if not method:
         return list(argv)
     present = flag_value(argv, *FLAG_ALIASES)[1]

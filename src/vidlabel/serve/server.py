@@ -1,4 +1,5 @@
-"""Lifecycle of the per-job vLLM server: launch, readiness, watchdog, teardown.
+"""Lifecycle of the per-job vLLM server: launch, readiness, watchdog, teardown (its command and the
+copies a job starts: vidlabel.serve.command).
 
 One server per classify job, bound to 127.0.0.1 on a free port, with a random API key that only
 this job knows (given to the server in its environment, as ``VLLM_API_KEY``: arguments are visible
@@ -21,20 +22,18 @@ import re
 import secrets
 import shlex
 import signal
-import socket
 import subprocess
 import time
 import weakref
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import httpx
 
-from vidlabel.prepare.planning import allowed_media_path
-from vidlabel.serve import decode, quantization
+from vidlabel.serve import decode
+from vidlabel.serve.command import ServerCopy, build_command, free_port, server_environment, single_copy
 from vidlabel.serve.error_kinds import fatal_error, response_message
-from vidlabel.serve.parallelism import Layout, choose_layout, granted_gpus
+from vidlabel.serve.settings import ServeSettings
 
 log = logging.getLogger(__name__)
 
@@ -61,166 +60,6 @@ class ServerBroken(ServerError):
 # than a glitch needs, a few seconds in all).
 BROKEN_SMOKE_TRIES = 3
 BUSY_STATUSES = frozenset({429, 502, 503, 504})
-
-
-def free_port() -> int:
-    """A TCP port that is free on 127.0.0.1 right now (the server binds it moments later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-# How a server copy's CPUs are shared when classify.api_server_count is null. Each API server process
-# decodes videos in its own thread pool and runs the multimodal processor (resize and normalisation
-# of every frame, the chat template, request parsing) in its own interpreter: the per-request CPU
-# work that decides whether the GPU waits. Measured on one H200 with 16 cores, camera-like H.264,
-# 32 requests in flight (vLLM 0.26, docs/serving.md): 8 API servers x 2 media threads 18.5k prompt
-# tok/s at 1.4 req/s with the GPU near 100 % busy; 4 x 3 (with 2 CPUs kept aside) 12.9k at 1.0 req/s
-# with the GPU idle a third of the time. So no CPUs are kept aside (the engine and the client
-# share them with decoding) and every 2 CPUs get an API server.
-RESERVED_CPUS = 0
-CPUS_PER_API_SERVER = 2
-MAX_API_SERVERS = 8  # the most measured
-
-
-def granted_cpus(environ=os.environ) -> int | None:
-    """CPUs SLURM granted this job: --cpus-per-task, else --cpus-per-gpu x the GPUs granted, else
-    the job's CPUs on this node (the only one left inside the Snakemake plugin's job step, which
-    clears the allocation's SLURM_* variables before its srun)."""
-    per_task = environ.get("SLURM_CPUS_PER_TASK", "").strip()
-    if per_task.isdigit():
-        return int(per_task)
-    per_gpu = environ.get("SLURM_CPUS_PER_GPU", "").strip()
-    visible = [d for d in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-    if per_gpu.isdigit() and visible:
-        return int(per_gpu) * len(visible)
-    on_node = environ.get("SLURM_CPUS_ON_NODE", "").strip()
-    return int(on_node) if on_node.isdigit() else None
-
-
-def job_cpus(environ=os.environ) -> tuple[int, str]:
-    """CPUs this job may use: what SLURM granted, else this process's CPU affinity."""
-    granted = granted_cpus(environ)
-    if granted:
-        return granted, "SLURM"
-    return len(os.sched_getaffinity(0)), "CPU affinity"
-
-
-@dataclass(frozen=True)
-class ServerCopy:
-    """One server process of a job: its GPUs, its parallel sizes and its share of the job's CPUs."""
-
-    index: int
-    gpus: tuple[str, ...]  # CUDA_VISIBLE_DEVICES for it; empty: leave the variable alone
-    tensor: int
-    data: int  # --data-parallel-size: >1 only when vLLM serves the copies itself
-    cpus: int
-    api_servers: int
-    log_path: Path
-
-    @property
-    def media_threads(self) -> int:
-        """Video-decoding threads per API server process (vLLM's pool is per process)."""
-        return max(1, (self.cpus - RESERVED_CPUS) // self.api_servers)
-
-
-def api_server_count(config: dict, cpus: int) -> int:
-    """``--api-server-count`` for a server copy with ``cpus`` CPUs: ``classify.api_server_count``, or
-    one per ``CPUS_PER_API_SERVER`` CPUs between 1 and ``MAX_API_SERVERS`` (16 CPUs: 8 API servers,
-    each with 2 media threads, ``ServerCopy.media_threads``)."""
-    configured = config["classify"]["api_server_count"]
-    if configured:
-        return int(configured)
-    return max(1, min(MAX_API_SERVERS, (cpus - RESERVED_CPUS) // CPUS_PER_API_SERVER))
-
-
-def copy_log_path(log_path: str | Path, index: int, copies: int) -> Path:
-    """``server-3.log`` for a lone copy; ``server-3.copy-1.log`` for the second of several."""
-    path = Path(log_path)
-    return path if copies == 1 else path.with_name(f"{path.stem}.copy-{index}{path.suffix}")
-
-
-def server_copies(config: dict, layout: Layout, log_path: str | Path, environ=os.environ) -> list[ServerCopy]:
-    """The server processes that serve ``layout``: one per copy, or one vLLM data-parallel server."""
-    cpus, _ = job_cpus(environ)
-    pin = bool(granted_gpus(environ)[0])  # fake or unknown GPUs: nothing to pin
-    if layout.data > 1 and config["classify"]["data_parallel_backend"] == "servers":
-        per_copy = max(1, cpus // layout.data)
-        return [ServerCopy(i, group if pin else (), layout.tensor, 1, per_copy,
-                           api_server_count(config, per_copy), copy_log_path(log_path, i, layout.data))
-                for i, group in enumerate(layout.groups())]
-    return [ServerCopy(0, layout.gpus if pin else (), layout.tensor, layout.data, cpus,
-                       api_server_count(config, cpus), Path(log_path))]
-
-
-def server_environment(api_key: str, copy: ServerCopy, environ=os.environ) -> dict[str, str]:
-    """The server's environment: the per-job key, its GPUs, and media decoding sized to its CPUs.
-
-    vLLM decodes videos in a thread pool of VLLM_MEDIA_LOADING_THREAD_COUNT (default 8) per API
-    server process whatever the job was granted; on a shared node that oversubscribes a small
-    allocation or idles a large one. A value the user set is kept.
-    """
-    env = {**environ, "VLLM_API_KEY": api_key}
-    if copy.gpus:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(copy.gpus)
-    if "VLLM_MEDIA_LOADING_THREAD_COUNT" not in environ:
-        env["VLLM_MEDIA_LOADING_THREAD_COUNT"] = str(copy.media_threads)
-    return env
-
-
-def single_copy(config: dict, log_path: str | Path, environ=os.environ) -> ServerCopy:
-    """The one server of a job whose layout is not known yet (its largest request unknown)."""
-    return server_copies(config, choose_layout(config, config["classify"]["max_model_len"], environ),
-                         log_path, environ)[0]
-
-
-# Fields of the server command that each job chooses for the GPUs and CPUs it was granted. They do
-# not decide an answer, so the command a record is tied to (``answer_settings``) leaves them out:
-# a resumed shard on another node reuses its answers.
-PER_JOB_FIELDS = ("port", "tensor_parallel_size", "data_parallel_size", "api_server_count", "max_num_seqs")
-
-
-def build_command(config: dict, port: int, copy: ServerCopy) -> list[str]:
-    """The server argv from ``classify.server_command`` (values shell-quoted, then split), followed
-    by ``classify.server_args``."""
-    return _fill_command(config, {"port": port, "tensor_parallel_size": copy.tensor,
-                                  "data_parallel_size": copy.data, "api_server_count": copy.api_servers,
-                                  "max_num_seqs": config["classify"]["max_num_seqs"]})
-
-
-def answer_settings(config: dict) -> dict:
-    """The server settings an answer depends on: the job's command with the per-job fields left as
-    placeholders, or, with ``classify.endpoints``, nothing known before the servers are asked
-    (their identity is read at run time and kept in every record)."""
-    if config["classify"]["endpoints"]:
-        return {"external": True}
-    return {"command": _fill_command(config, {f: f"<{f}>" for f in PER_JOB_FIELDS})}
-
-
-def _fill_command(config: dict, per_job: dict) -> list[str]:
-    cls, plan = config["classify"], config["planning"]
-    fields = {
-        "model": cls["model"], "media_root": allowed_media_path(config),
-        "max_model_len": cls["max_model_len"], "max_num_batched_tokens": cls["max_num_batched_tokens"],
-        "min_pixels": plan["min_pixels"], "max_pixels": plan["max_pixels"], "fps": plan["fps"],
-        "generation_config": cls["generation_config"], **per_job,
-    }
-    quoted = {k: shlex.quote(str(v)) for k, v in fields.items()}
-    try:
-        text = cls["server_command"].format(**quoted)
-    except (KeyError, IndexError, ValueError) as exc:
-        raise ServerError(f"config key 'classify.server_command': cannot fill in {exc!r}; fields are "
-                          f"{sorted(fields)} and literal braces must be doubled") from None
-    try:
-        extra = shlex.split(cls["server_args"])
-    except ValueError as exc:
-        raise ServerError(f"config key 'classify.server_args': {exc}") from None
-    # planning.decode and classify.quantization (vidlabel.serve.decode, vidlabel.serve.quantization).
-    try:
-        argv = decode.with_backend(shlex.split(text) + extra, decode.backend(config))
-        return quantization.with_flag(argv, config)
-    except ValueError as exc:
-        raise ServerError(str(exc)) from None
 
 
 def log_tail(path: str | Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -252,20 +91,19 @@ def _stop_all() -> None:
 
 
 class VLLMServer:
-    """A server process for one job. ``with VLLMServer(config, log_path) as srv: await srv.wait_ready()``."""
+    """A server process for one job. ``with VLLMServer(settings, log_path) as srv: await srv.wait_ready()``."""
 
-    def __init__(self, config: dict, log_path: str | Path, *, copy: ServerCopy | None = None,
+    def __init__(self, settings: ServeSettings, log_path: str | Path, *, copy: ServerCopy | None = None,
                  env: dict | None = None, api_key: str | None = None):
-        cls = config["classify"]
-        self.config = config
-        self.copy = copy or single_copy(config, log_path)
+        self.settings = settings.server
+        self.copy = copy or single_copy(settings, log_path)
         self.log_path = self.copy.log_path
         self.port = free_port()
         self.api_key = api_key or secrets.token_urlsafe(32)
-        self.argv = build_command(config, self.port, self.copy)
-        self.model = cls["model"]
-        self.startup_timeout_s = float(cls["startup_timeout_s"])
-        self.grace_s = float(cls["shutdown_grace_s"])
+        self.argv = build_command(self.settings, self.port, self.copy)
+        self.model = self.settings.model
+        self.startup_timeout_s = self.settings.startup_timeout_s
+        self.grace_s = self.settings.shutdown_grace_s
         self.extra_env = dict(env or {})
         self.proc: subprocess.Popen | None = None
         self.failure: str | None = None
@@ -358,7 +196,7 @@ class VLLMServer:
                         restarts += 1
                         log.warning("port %d was taken before the server bound it; retrying on another", self.port)
                         self.port = free_port()
-                        self.argv = build_command(self.config, self.port, self.copy)
+                        self.argv = build_command(self.settings, self.port, self.copy)
                         self.start()
                         continue
                     raise ServerError("server exited during startup: " + self._exited_message())
@@ -407,9 +245,9 @@ class ServerGroup:
     """The servers of one job (one per copy), sharing the job's API key; started, watched and stopped
     together. Teardown sends SIGTERM to every copy first, so their grace periods run at once."""
 
-    def __init__(self, config: dict, copies: list[ServerCopy]):
+    def __init__(self, settings: ServeSettings, copies: list[ServerCopy]):
         key = secrets.token_urlsafe(32)
-        self.servers = [VLLMServer(config, c.log_path, copy=c, api_key=key) for c in copies]
+        self.servers = [VLLMServer(settings, c.log_path, copy=c, api_key=key) for c in copies]
 
     def start(self) -> "ServerGroup":
         first = self.servers[0]  # the decoder the command asks for, importable where the server runs?

@@ -1,0 +1,217 @@
+"""What a running server is: probed on every endpoint a job uses, before its traffic.
+
+From vLLM 0.26's HTTP API:
+
+- ``GET /version``: the vLLM version;
+- ``GET /v1/models``: the served model's id, its ``root`` (the folder or hub name it loaded) and
+  ``max_model_len``;
+- ``GET /metrics``: the info gauge ``vllm:cache_config_info``, whose labels are the engine's cache
+  config; its ``cache_dtype`` (an fp8 KV cache changes answers) is kept, not the block counts (they
+  follow the GPU memory the engine found free at start-up);
+- ``GET /server_info?config_format=json`` (only where the server runs with VLLM_SERVER_DEV_MODE=1): the
+  engine's whole config, of which the answer-relevant keys are kept (``SERVER_INFO_KEYS``: quantization,
+  dtype, load format, media and processor kwargs, ...);
+- three calibration requests (``Calibration``): a text-only one and two small generated videos with the
+  same text; the difference of their ``usage.prompt_tokens`` is the visual tokens the server makes of
+  each video, which follows its effective fps (a long video of tiny frames) and pixel bounds (a short
+  video of frames larger than the plan's max_pixels, and the tiny frames below its min_pixels). They
+  are compared with what the plan expects (a mismatch is logged loudly and named in the server's label:
+  the server samples videos otherwise than the manifest planned), and they prove that the server
+  decodes media from the job's media directory (a media error stops the job before its traffic:
+  CalibrationMediaError).
+
+Everything kept goes into the endpoint's ``ServerIdentity``, whose fingerprint every record carries
+(vidlabel.core.identity.server_fingerprint): a record made by a server with another fingerprint is
+sent again. Not visible here, so not checked for an external endpoint: its quantization and other
+engine flags without VLLM_SERVER_DEV_MODE, and anything its /metrics does not report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from vidlabel.core.identity import server_fingerprint
+from vidlabel.serve.error_kinds import classify_error, response_message
+
+log = logging.getLogger(__name__)
+
+GET_TIMEOUT_S = 60.0
+CALIBRATION_TIMEOUT_S = 600.0  # a cold server decodes its first video slowly
+CALIBRATION_TEXT = "Calibration request: reply with one word."
+CALIBRATION_ID = "calibrate-"  # X-Request-Id prefix of the calibration requests
+# Keys of /server_info's vllm_config that can change an answer, wherever they sit in the tree.
+SERVER_INFO_KEYS = frozenset({"quantization", "dtype", "load_format", "media_io_kwargs", "mm_processor_kwargs",
+                              "cache_dtype", "generation_config", "override_generation_config", "revision",
+                              "tokenizer_revision", "hf_overrides", "seed", "disable_any_whitespace",
+                              "logprobs_mode"})
+METRIC_INFO_LABELS = {"vllm:cache_config_info": ("cache_dtype",)}
+_METRIC_LINE = re.compile(r"^(vllm:[a-z_]+_info)\{(.*)\}\s")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+MEDIA_ERROR_KINDS = ("bad_media", "media_unreachable")
+
+
+class CalibrationMediaError(RuntimeError):
+    """The server could not read or decode a calibration video: it cannot read the job's media."""
+
+    def __init__(self, base_url: str, path: str, status: int, message: str):
+        super().__init__(f"{base_url}: the calibration video {path} failed with HTTP {status}: {message}")
+        self.message = message
+
+
+@dataclass(frozen=True)
+class CalibrationVideo:
+    path: str
+    expected_tokens: int  # visual tokens the plan expects, start/end markers included
+    what: str  # what it reveals, in words
+
+
+@dataclass(frozen=True)
+class Calibration:
+    videos: tuple[CalibrationVideo, ...]
+
+
+@dataclass(frozen=True)
+class ServerIdentity:
+    """What a running server reported; ``label`` in words, ``fingerprint`` for the records."""
+    version: str | None
+    model_id: str | None
+    model_root: str | None
+    max_model_len: int | None
+    reported: dict = field(default_factory=dict)  # /metrics info labels and /server_info keys
+    calibration: dict = field(default_factory=dict)  # video -> visual tokens (None: not measured)
+    unlike_plan: tuple[str, ...] = ()  # calibration videos the server counts otherwise than the plan
+
+    @property
+    def label(self) -> str:
+        name, root = self.model_id, self.model_root
+        served = f"{root} as {name}" if root and name and root != name else (root or name or "unknown")
+        text = f"vLLM {self.version or 'unknown version'}, model {served}"
+        if self.unlike_plan:
+            text += f"; samples video unlike the plan ({', '.join(self.unlike_plan)})"
+        return text
+
+    @property
+    def fingerprint(self) -> str:
+        return server_fingerprint({"version": self.version, "model_id": self.model_id, "model_root": self.model_root,
+                                   "max_model_len": self.max_model_len, "reported": self.reported,
+                                   "calibration": self.calibration})
+
+    def __str__(self) -> str:
+        return self.label
+
+
+async def _get(session: aiohttp.ClientSession, url: str, headers: dict, as_json: bool = True):
+    try:
+        async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=GET_TIMEOUT_S)) as resp:
+            if resp.status != 200:
+                return None
+            return await resp.json(content_type=None) if as_json else await resp.text()
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        return None
+
+
+def metrics_info(text: str | None) -> dict[str, str]:
+    """The kept labels of vLLM's info gauges (``METRIC_INFO_LABELS``) in a /metrics text."""
+    found: dict[str, str] = {}
+    for line in (text or "").splitlines():
+        match = _METRIC_LINE.match(line)
+        if not match or match.group(1) not in METRIC_INFO_LABELS:
+            continue
+        labels = dict(_LABEL.findall(match.group(2)))
+        for name in METRIC_INFO_LABELS[match.group(1)]:
+            if name in labels:
+                found[f"{match.group(1)}.{name}"] = labels[name]
+    return found
+
+
+def server_info_keys(node: Any, path: str = "") -> dict[str, Any]:
+    """The answer-relevant keys (``SERVER_INFO_KEYS``) of /server_info's config, by dotted path."""
+    found: dict[str, Any] = {}
+    if isinstance(node, dict):
+        for key, value in node.items():
+            here = f"{path}.{key}" if path else str(key)
+            if key in SERVER_INFO_KEYS:
+                found[here] = value
+            elif isinstance(value, (dict, list)):
+                found.update(server_info_keys(value, here))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            found.update(server_info_keys(value, f"{path}[{i}]"))
+    return found
+
+
+async def _prompt_tokens(session: aiohttp.ClientSession, chat_url, headers: dict, model: str,
+                         video: str | None) -> tuple[int | None, int, str]:
+    """(usage.prompt_tokens, HTTP status, error message) of one calibration request."""
+    content: list[dict] = [{"type": "text", "text": CALIBRATION_TEXT}]
+    if video is not None:
+        content.insert(0, {"type": "video_url", "video_url": {"url": Path(video).as_uri()}})
+    body = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 1, "temperature": 0}
+    try:
+        async with session.post(chat_url, json=body, timeout=aiohttp.ClientTimeout(total=CALIBRATION_TIMEOUT_S),
+                                headers={**headers, "X-Request-Id": f"{CALIBRATION_ID}{secrets.token_hex(6)}"}) as resp:
+            data = await resp.read()
+            status = resp.status
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        return None, 0, f"{type(exc).__name__}: {exc}"
+    if status != 200:
+        return None, status, response_message(data)
+    try:
+        return (json.loads(data).get("usage") or {}).get("prompt_tokens"), status, ""
+    except (ValueError, AttributeError):
+        return None, status, f"unreadable response body: {data[:200].decode(errors='replace')}"
+
+
+async def calibrate(session: aiohttp.ClientSession, ep, model: str, calibration: Calibration,
+                    ) -> tuple[dict, tuple[str, ...]]:
+    """(visual tokens per calibration video, the videos counted otherwise than the plan). Raises
+    CalibrationMediaError when the server cannot read or decode them."""
+    text_only, _, _ = await _prompt_tokens(session, ep.chat_url, ep.headers, model, None)
+    measured: dict[str, int | None] = {}
+    unlike = []
+    for video in calibration.videos:
+        tokens, status, message = await _prompt_tokens(session, ep.chat_url, ep.headers, model, video.path)
+        if tokens is None:
+            if classify_error(status, message, video.path)[0] in MEDIA_ERROR_KINDS:
+                raise CalibrationMediaError(ep.base_url, video.path, status, message)
+            log.warning("%s: calibration video %s not measured (HTTP %s: %s); the server's %s is not checked",
+                        ep.base_url, Path(video.path).name, status, message[:200], video.what)
+            measured[video.what] = None
+            continue
+        visual = tokens - text_only if text_only is not None else None
+        measured[video.what] = visual
+        if visual is not None and visual != video.expected_tokens:
+            unlike.append(video.what)
+            log.warning("%s samples videos otherwise than the plan: the calibration video for its %s took %d visual "
+                        "tokens where the plan expects %d (planning.fps, min_pixels, max_pixels, min/max_frames): "
+                        "its answers are labelled with this server, but the manifest's token estimates and context "
+                        "gate do not describe it; restart it with the plan's --media-io-kwargs and "
+                        "--mm-processor-kwargs, or set planning.* to the server's", ep.base_url, video.what, visual,
+                        video.expected_tokens)
+    return measured, tuple(unlike)
+
+
+async def identify(session: aiohttp.ClientSession, ep, model: str, calibration: Calibration | None) -> ServerIdentity:
+    """The endpoint's identity (module docstring)."""
+    version = (await _get(session, ep.version_url, ep.headers) or {}).get("version")
+    models = (await _get(session, ep.models_url, ep.headers) or {}).get("data") or []
+    card = models[0] if models and isinstance(models[0], dict) else {}
+    reported = metrics_info(await _get(session, ep.metrics_url, ep.headers, as_json=False))
+    info = await _get(session, ep.server_info_url, ep.headers)
+    if isinstance(info, dict) and isinstance(info.get("vllm_config"), dict):
+        reported.update({f"server_info.{k}": v for k, v in server_info_keys(info["vllm_config"]).items()})
+    measured, unlike = await calibrate(session, ep, model, calibration) if calibration else ({}, ())
+    return ServerIdentity(version=version, model_id=card.get("id"), model_root=card.get("root"),
+                          max_model_len=card.get("max_model_len"), reported=reported, calibration=measured,
+                          unlike_plan=unlike)

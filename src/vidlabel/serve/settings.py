@@ -1,0 +1,171 @@
+"""The classify stage's settings, typed and frozen, resolved once from a model's config at the stage's
+edge (``classify.run_shard``, the estimate pilot): no module below them reads the config dict.
+
+Which config keys the stage reads, and their fingerprint, stay declared in vidlabel.core.settings
+(STAGES); this module only gives them types and groups them by who uses them: the server command
+(``ServerSettings``), the layout over the job's GPUs (``LayoutSettings``), the client
+(``ClientSettings``) and the plan the requests were made for (``PlanSettings``).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from vidlabel.core import settings as stage_settings
+from vidlabel.prepare import planning
+from vidlabel.prepare.tokens import Sampling
+from vidlabel.serve import decode
+from vidlabel.prepare.prompt import response_format
+from vidlabel.serve.confidence import logprobs_request
+
+
+def _thaw(value: Any) -> Any:
+    """Plain dicts and lists of a frozen config value (JSON-able, hashable by digest)."""
+    if isinstance(value, Mapping):
+        return {k: _thaw(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_thaw(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    model: str
+    questions: tuple[dict[str, Any], ...]
+    concurrency: int = 16
+    max_tokens: int = 512
+    temperature: float = 0.0
+    top_logprobs: int = 20
+    request_timeout_s: float = 900.0
+    adaptive_deadline: bool = True
+    deadline_floor_s: float = 60.0
+    max_attempts: int = 6
+    backoff_initial_s: float = 1.0
+    backoff_max_s: float = 60.0
+    health_interval_s: float = 10.0
+    media_root: str | None = None  # the one directory the server may read (planning.allowed_media_path)
+    adaptive: bool = False
+    adaptive_floor: int = 4
+    adaptive_ceiling: int = 64
+    adaptive_interval_s: float = 2.0
+
+    def request_settings(self) -> dict[str, Any]:
+        """Every body field besides the messages and max_tokens: what decides the answer with them."""
+        return {"model": self.model, "response_format": response_format(list(self.questions)),
+                "temperature": self.temperature, **logprobs_request(self.top_logprobs)}
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What the job's own server is started with (``classify.server_command`` and its fields)."""
+    model: str
+    command: str  # the str.format template
+    args: str  # classify.server_args, shell syntax
+    generation_config: str
+    max_model_len: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    api_server_count: int | None
+    startup_timeout_s: float
+    shutdown_grace_s: float
+    fps: float
+    min_pixels: int
+    max_pixels: int
+    allowed_media_path: str  # the one directory the server may read (planning.allowed_media_path)
+    decode_backend: str  # vLLM's video codec backend for planning.decode (vidlabel.serve.decode)
+    quantization: str | None  # classify.quantization (vidlabel.serve.quantization)
+
+    @property
+    def words(self) -> list[str]:
+        """The command template and server_args as words (for flags such as --quantization); [] when
+        the quoting is bad (starting the server reports it with its key)."""
+        try:
+            return shlex.split(self.command) + shlex.split(self.args)
+        except ValueError:
+            return []
+
+
+@dataclass(frozen=True)
+class LayoutSettings:
+    """How a job lays its servers out over the GPUs it was granted (vidlabel.serve.parallelism)."""
+    parallelism: tuple[int, int] | None  # (tensor, data), or None for auto
+    data_parallel_backend: str
+    gpu_memory_gib: float | None
+    gpu_memory_utilization: float
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    """What the manifest planned the requests for: how the server samples videos, and its limits."""
+    model_family: str
+    sampling: Sampling
+    max_model_len: int
+    max_tokens: int
+    max_num_batched_tokens: int
+
+    def identity(self) -> dict[str, Any]:
+        s = self.sampling
+        return {"model_family": self.model_family, "fps": s.fps, "min_frames": s.min_frames,
+                "max_frames": s.max_frames, "min_pixels": s.min_pixels, "max_pixels": s.max_pixels,
+                "max_model_len": self.max_model_len, "max_num_batched_tokens": self.max_num_batched_tokens}
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """Every setting of one model's classify job."""
+    model: str
+    server: ServerSettings
+    layout: LayoutSettings
+    client: ClientSettings
+    plan: PlanSettings
+    endpoints: tuple[str, ...]
+    api_key_env: str
+    journal_fsync: str
+    progress_interval_s: float
+    media_identity: str  # stat | content (vidlabel.core.identity)
+    results: str
+    settings_fingerprint: str  # the stage fingerprint (vidlabel.core.settings), for provenance
+    prompt_hash: str
+
+    @property
+    def own_servers(self) -> bool:
+        return not self.endpoints
+
+    @classmethod
+    def from_config(cls, config: Mapping) -> "ServeSettings":
+        c, p = config["classify"], config["planning"]
+        parallelism = c["parallelism"]
+        allowed = planning.allowed_media_path(config)
+        ad = c["adaptive_concurrency"]
+        questions = tuple(_thaw(q) for q in c["questions"])
+        client = ClientSettings(
+            model=c["model"], questions=questions, concurrency=c["concurrency"], max_tokens=c["max_tokens"],
+            temperature=c["temperature"], top_logprobs=c["top_logprobs"], request_timeout_s=c["request_timeout_s"],
+            adaptive_deadline=c["adaptive_deadline"], deadline_floor_s=c["deadline_floor_s"],
+            max_attempts=c["max_attempts"], backoff_initial_s=c["backoff_initial_s"],
+            backoff_max_s=c["backoff_max_s"], health_interval_s=c["health_interval_s"], media_root=allowed,
+            adaptive=ad["enabled"], adaptive_floor=ad["floor"], adaptive_ceiling=ad["ceiling"])
+        server = ServerSettings(
+            model=c["model"], command=c["server_command"], args=c["server_args"],
+            generation_config=c["generation_config"], max_model_len=c["max_model_len"],
+            max_num_batched_tokens=c["max_num_batched_tokens"], max_num_seqs=c["max_num_seqs"],
+            api_server_count=c["api_server_count"], startup_timeout_s=float(c["startup_timeout_s"]),
+            shutdown_grace_s=float(c["shutdown_grace_s"]), fps=p["fps"], min_pixels=p["min_pixels"],
+            max_pixels=p["max_pixels"], allowed_media_path=allowed, decode_backend=decode.backend(config),
+            quantization=c.get("quantization"))
+        layout = LayoutSettings(
+            parallelism=(int(parallelism["tensor"]), int(parallelism.get("data", 1)))
+            if isinstance(parallelism, Mapping) else None,
+            data_parallel_backend=c["data_parallel_backend"], gpu_memory_gib=c["gpu_memory_gib"],
+            gpu_memory_utilization=float(c["gpu_memory_utilization"]))
+        plan = PlanSettings(model_family=p["model_family"], sampling=Sampling.from_config(config),
+                            max_model_len=c["max_model_len"], max_tokens=c["max_tokens"],
+                            max_num_batched_tokens=c["max_num_batched_tokens"])
+        return cls(model=c["model"], server=server, layout=layout, client=client, plan=plan,
+                   endpoints=tuple(u.rstrip("/") for u in c["endpoints"]), api_key_env=c["api_key_env"],
+                   journal_fsync=c["journal_fsync"], progress_interval_s=float(c["progress_interval_s"]),
+                   media_identity=c["media_identity"], results=str(config["results"]),
+                   settings_fingerprint=stage_settings.fingerprint(config, "classify"),
+                   prompt_hash=stage_settings.digest([c["prompt_template"], _thaw(c["questions"])]))
