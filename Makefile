@@ -3,15 +3,16 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# Debian packages the pipeline and the tests use (installed when missing and we are root); chromium
-# opens Label Studio's labelling page in tests/test_labelstudio_live.py.
-DEBIAN_PACKAGES := ffmpeg espeak-ng chromium
+# Debian packages the pipeline uses (installed when missing and we are root); the tests also need
+# chromium, which opens Label Studio's labelling page in tests/test_labelstudio_live.py.
+DEBIAN_PACKAGES := ffmpeg espeak-ng
+TEST_DEBIAN_PACKAGES := $(DEBIAN_PACKAGES) chromium
 SLURM_PACKAGES := munge slurmctld slurmd slurm-client slurmdbd mariadb-server
 
 .PHONY: setup system-packages demo test test-fast clean
 
 system-packages:
-	@missing=""; for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	@missing=""; for p in $(PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
@@ -29,6 +30,10 @@ $(BIN)/.installed: pyproject.toml
 	touch $@
 
 setup: system-packages $(BIN)/.installed
+
+# The demo needs only the pipeline's packages; the tests add theirs (inherited by setup's prerequisites).
+PACKAGES = $(DEBIAN_PACKAGES)
+test test-fast: PACKAGES = $(TEST_DEBIAN_PACKAGES)
 
 demo: setup
 	$(BIN)/python -m vidlabel.cli demo
