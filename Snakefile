@@ -31,10 +31,16 @@ import vidlabel.prepare.planning
 vidlabel.core.config.validate(config, f"{workflow.basedir}/workflow/schemas/config.schema.yaml")
 # The media's state (path, size, modification time of every video): the inventory rule's params, so
 # that a video replaced at the same path reruns the inventory and, through it, whatever that post needs.
-MEDIA_STATE = ""
+# Jobs (on cluster nodes too: the SLURM plugin submits with --export=ALL) get it from the main process
+# through the environment: a job's own Snakemake compares the params of the rules upstream of it, and a
+# different value there would make it try to rerun the inventory inside the job.
+MEDIA_STATE_VARIABLE = "VIDLABEL_MEDIA_STATE"
+MEDIA_STATE = None if workflow.is_main_process else os.environ.get(MEDIA_STATE_VARIABLE)
+if MEDIA_STATE is None:
+    posts = vidlabel.prepare.inventory.load_posts(config["posts"], config["media_root"])
+    MEDIA_STATE = vidlabel.core.identity.media_state(posts.column("video_path").to_pylist())
+    os.environ[MEDIA_STATE_VARIABLE] = MEDIA_STATE
 if workflow.is_main_process:
-    POSTS = vidlabel.prepare.inventory.load_posts(config["posts"], config["media_root"])
-    MEDIA_STATE = vidlabel.core.identity.media_state(POSTS.column("video_path").to_pylist())
     if vidlabel.core.models.own_servers(config):
         vidlabel.prepare.planning.allowed_media_path(config)  # the one directory the server may read
     # The SLURM plugin would keep a job cancelled with scancel ("CANCELLED by <uid>") running for ever.
