@@ -14,8 +14,7 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from vidlabel import stats  # noqa: E402
-from vidlabel.analyze import aggregate, sampling
+from vidlabel.analyze import aggregate, sampling, stats  # noqa: E402
 
 
 def population(rng, reps: int, n_posts: int, prevalence: float, concentration: float, model: str):
