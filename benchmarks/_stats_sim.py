@@ -14,7 +14,8 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from vidlabel.analyze import aggregate, sampling, stats  # noqa: E402
+from vidlabel.analyze import sampling, stats  # noqa: E402
+from vidlabel.analyze.prevalence import ppi_moments_from_items  # noqa: E402
 
 
 def population(rng, reps: int, n_posts: int, prevalence: float, concentration: float, model: str):
@@ -76,7 +77,7 @@ def uniform_ppi(truth: np.ndarray, f: np.ndarray, labelled: np.ndarray) -> dict[
         "y": pa.array(np.where(labelled, truth, np.nan).ravel(), from_pandas=True),
         "r": pa.array(np.where(labelled, 1.0, np.nan).ravel(), from_pandas=True),
     })
-    moments = aggregate.ppi_moments_from_items(items)
+    moments = ppi_moments_from_items(items)
     keys = ("estimate", "imputed_var", "rectifier_var", "lambda")
     return {k: np.array([moments[i][k] for i in range(reps)], dtype=float) for k in keys}
 

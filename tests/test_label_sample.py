@@ -12,7 +12,7 @@ import pytest
 from conftest import default_model_dir, run_snakemake, write_overlay
 
 from vidlabel.analyze import aggregate, labelstudio, sampling
-from vidlabel.analyze.aggregate import load_human_labels
+from vidlabel.analyze.humans import load_human_labels
 from vidlabel.analyze.label_sample import (
     FLOOR_SHARE_ACTIVE,
     FLOOR_SHARE_AFTER_BURN_IN,

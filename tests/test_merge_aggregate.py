@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from vidlabel.analyze import aggregate, merge
+from vidlabel.analyze import aggregate, agreement, humans, merge
 from vidlabel.core import config as vconfig
 from vidlabel.serve.classify import LABEL_SCHEMA
 
@@ -384,7 +384,7 @@ def test_aggregate_without_human_labels_and_without_data(tmp_path):
     assert [r["status"] for r in pq.read_table(labels).to_pylist()] == ["excluded", "excluded"]
     summary = tmp_path / "summary"
     aggregate.run(_config(), labels, None, summary)
-    assert (summary / "agreement.csv").read_text().strip() == ",".join(aggregate.AGREEMENT_COLUMNS)
+    assert (summary / "agreement.csv").read_text().strip() == ",".join(agreement.AGREEMENT_COLUMNS)
     prev = _read_csv(summary / "prevalence.csv")
     assert [(r["question"], r["posts"], r["answered"], r["model_share"]) for r in prev] == [
         ("promotes_product", "0", "0", ""), ("shows_face", "0", "0", "")]
@@ -404,9 +404,9 @@ def test_aggregate_rejects_unreadable_human_labels(fabricated):
     labels = _merge(f)
     bad = f["dir"] / "bad.csv"
     bad.write_text("post,answer\nx,yes\n")
-    with pytest.raises(aggregate.HumanLabelError, match=r"lack column\(s\) \['post_id', 'question', 'label'\]"):
+    with pytest.raises(humans.HumanLabelError, match=r"lack column\(s\) \['post_id', 'question', 'label'\]"):
         aggregate.run(_config(), labels, bad, f["dir"] / "summary")
-    with pytest.raises(aggregate.HumanLabelError, match="does not exist"):
+    with pytest.raises(humans.HumanLabelError, match="does not exist"):
         aggregate.run(_config(), labels, f["dir"] / "missing.csv", f["dir"] / "summary")
 
 
@@ -612,7 +612,7 @@ def test_load_human_labels_leaves_the_connection_usable(tmp_path):
     duck.parquet_view(con, "labels", labels)
     con.register("questions_arrow", pa.table({"question": ["promotes_product"], "position": [0]}))
     con.execute("CREATE TABLE questions AS SELECT * FROM questions_arrow")
-    described = aggregate.load_human_labels(con, human)
+    described = humans.load_human_labels(con, human)
     assert described["usable"] == 2 and described["posts"] == 2 and described["design"] == "uniform"
     rows = con.sql("SELECT post_id, y FROM human_resolved ORDER BY post_id").fetchall()
     assert rows == [("p00000", 1.0), ("p00001", 0.0)]

@@ -11,7 +11,8 @@ import pyarrow as pa
 import pytest
 from ppi_py.ppi import _calc_lam_glm  # private: the lambda ppi_py tunes internally
 
-from vidlabel.analyze import aggregate, stats
+from vidlabel.analyze import stats
+from vidlabel.analyze.prevalence import ppi_moments_from_items
 
 # ------------------------------------------------------------------------------------------
 # Agreement against hand-computed confusion matrices
@@ -127,7 +128,7 @@ def test_sql_moments_match_ppi_py(weighted, soft):
     # (_items adds the labelled items to the population itself)
     sql_in = [(name, y, yhat_l, _remove_once(yhat_all, yhat_l), r)
               for name, (y, yhat_l, yhat_all, r) in cases.items()]
-    moments = aggregate.ppi_moments_from_items(_items(sql_in))
+    moments = ppi_moments_from_items(_items(sql_in))
     z = stats.z_value(0.95)
     for name, (y, yhat_l, yhat_all, r) in cases.items():
         m = moments[name]
@@ -174,7 +175,7 @@ def _remove_once(population: np.ndarray, labelled: np.ndarray) -> np.ndarray:
 def test_constant_predictions_fall_back_to_human_only():
     # A model that answers "yes" to everything: no variance, lambda = 0, estimate = human mean.
     y = np.array([1, 0, 0, 1, 0, 0, 0, 1, 0, 0], float)
-    m = aggregate.ppi_moments_from_items(_items([("q", y, np.ones(10), np.ones(500), None)]))["q"]
+    m = ppi_moments_from_items(_items([("q", y, np.ones(10), np.ones(500), None)]))["q"]
     assert m["lambda"] == 0.0
     assert m["estimate"] == pytest.approx(0.3)
     assert m["imputed_var"] == 0.0
@@ -220,7 +221,7 @@ def _simulate(rng, n_sim, weighted=False, skew=6.0):
 def test_simulation_coverage_and_width():
     rng = np.random.default_rng(2025)
     truth, yhat, labelled, _, items = _simulate(rng, N_SIM)
-    moments = aggregate.ppi_moments_from_items(items)  # all datasets in one SQL query
+    moments = ppi_moments_from_items(items)  # all datasets in one SQL query
     target = truth.mean(axis=1)  # the share humans would find if they labelled every post
     covered, naive_covered, width_ppi, width_human = [], [], [], []
     for i in range(N_SIM):
@@ -251,8 +252,8 @@ def test_simulation_inverse_probability_weights():
     n_sim = 400
     truth, yhat, labelled, prob, items = _simulate(rng, n_sim, weighted=True)
     target = truth.mean(axis=1)
-    weighted = aggregate.ppi_moments_from_items(items)
-    unweighted = aggregate.ppi_moments_from_items(
+    weighted = ppi_moments_from_items(items)
+    unweighted = ppi_moments_from_items(
         items.set_column(3, "r", pa.array(np.where(labelled, 1.0, np.nan).ravel(), from_pandas=True)))
 
     def coverage(moments):
@@ -403,7 +404,7 @@ def _uniform_reported(rng, reps, n_posts, n, prevalence):
                       "yhat": pa.array(f.ravel()),
                       "y": pa.array(np.where(labelled, truth, np.nan).ravel(), from_pandas=True),
                       "r": pa.array(np.where(labelled, 1.0, np.nan).ravel(), from_pandas=True)})
-    moments = aggregate.ppi_moments_from_items(items)
+    moments = ppi_moments_from_items(items)
     m = {k: np.array([moments[str(i)][k] for i in range(reps)]) for k in ("estimate", "imputed_var", "rectifier_var")}
     k = np.where(labelled, truth, 0).sum(axis=1)
     human_lo, human_hi = stats.wilson_bounds(k, n, 0.95)

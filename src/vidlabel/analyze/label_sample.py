@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vidlabel.analyze import labelstudio, sampling
-from vidlabel.analyze.aggregate import load_human_labels
+from vidlabel.analyze.humans import load_human_labels
 from vidlabel.analyze.merge import question_ids
 from vidlabel.core import duck
 from vidlabel.core.io import atomic_path, write_parquet, write_text
@@ -61,7 +61,7 @@ SELECT post_id FROM labels
 WHERE answer_probs IS NOT NULL
   AND coalesce(json_type(TRY_CAST(CAST(answer_probs AS VARCHAR) AS JSON)) <> 'OBJECT', true)
 """
-# The resolved burn-in labels (table human_resolved of aggregate.load_human_labels): one y per post
+# The resolved burn-in labels (table human_resolved of humans.load_human_labels): one y per post
 # and question, 0.5 for a tie.
 BURN_IN_RESOLVED_SQL = "SELECT post_id, question, y FROM human_resolved"
 # The questions a burn-in labels (usable rows of human_checked).
