@@ -14,7 +14,7 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from vidlabel.analyze import sampling, stats  # noqa: E402
+from vidlabel.analyze import estimators, sampling, stats  # noqa: E402
 from vidlabel.analyze.prevalence import ppi_moments_from_items  # noqa: E402
 
 
@@ -87,4 +87,4 @@ def covers(lo, hi, target) -> np.ndarray:
 
 
 __all__ = ["population", "simple_random_sample", "active_design", "score_design", "poisson_draw", "uniform_ppi",
-           "covers", "stats", "sampling"]
+           "covers", "estimators", "stats", "sampling"]

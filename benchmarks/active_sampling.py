@@ -9,7 +9,7 @@ For each prevalence, model and label budget it draws ``--reps`` populations of `
   uniform    PPI++ on that simple random sample with the model's P(yes) (the production SQL; the
              reported interval of vidlabel.analyze.stats.corrected_interval),
   active     a Poisson sample with pi from vidlabel.analyze.sampling (sqrt of p(1 - p), uniform floor
-             ``--floor-share``) and the active estimator vidlabel.analyze.stats.active_mean, reported the
+             ``--floor-share``) and the active estimator vidlabel.analyze.estimators.active_mean, reported the
              same way.
   burn-in    a uniform burn-in of ``--burn-in-share`` of the budget, then the rest drawn by
              vidlabel.analyze.sampling.burn_in_design (P(yes) recalibrated on the burn-in, floor
@@ -32,6 +32,7 @@ import numpy as np
 from _stats_sim import (
     active_design,
     covers,
+    estimators,
     poisson_draw,
     population,
     sampling,
@@ -65,8 +66,8 @@ def burn_in_estimate(rng, truth, p, budget, floor_share, burn_in_share):
         pi[r], pi_active[r] = sampling.burn_in_design(p[r], burn[r], truth[r][burn[r]], budget, floor_share)
     recal = np.stack([sampling.recalibrate(p[r], p[r][burn[r]], truth[r][burn[r]]) for r in range(reps)])
     drawn = burn | poisson_draw(rng, pi_active)
-    h = stats.hajek_share(truth, pi, CONFIDENCE, drawn)
-    a = stats.active_mean(recal, truth, drawn, pi, CONFIDENCE)
+    h = estimators.hajek_share(truth, pi, CONFIDENCE, drawn)
+    a = estimators.active_mean(recal, truth, drawn, pi, CONFIDENCE)
     return reported(a["estimate"], a["se"], truth, recal, drawn, (h["lo"], h["hi"]), pi)
 
 
@@ -102,8 +103,8 @@ def main() -> None:
                     uni = reported(m["estimate"], np.sqrt(m["imputed_var"] + m["rectifier_var"]), truth, p, srs, human)
                     pi = active_design(p, budget, args.floor_share)
                     drawn = poisson_draw(rng, pi)
-                    h = stats.hajek_share(truth, pi, CONFIDENCE, drawn)
-                    a = stats.active_mean(p, truth, drawn, pi, CONFIDENCE)
+                    h = estimators.hajek_share(truth, pi, CONFIDENCE, drawn)
+                    a = estimators.active_mean(p, truth, drawn, pi, CONFIDENCE)
                     act = reported(a["estimate"], a["se"], truth, p, drawn, (h["lo"], h["hi"]), pi)
                     burn = (burn_in_estimate(rng, truth, p, budget, args.burn_in_floor_share, args.burn_in_share)
                             if args.burn_in_share > 0 else (np.full(reps, np.nan), np.full(reps, np.nan)))

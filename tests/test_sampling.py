@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vidlabel.analyze import sampling, stats
+from vidlabel.analyze import estimators, sampling, stats
 
 
 def test_post_uncertainty_combines_questions():
@@ -72,14 +72,14 @@ def test_active_design_small_coverage_and_gain():
     truth = (rng.random((reps, n_posts)) < s).astype(float)
     pi = np.stack([sampling.inclusion_probabilities(sampling.post_uncertainty(row), budget, 0.5) for row in s])
     drawn = rng.random(pi.shape) < pi
-    est = stats.active_mean(s, truth, drawn, pi, 0.95)
-    h = stats.hajek_share(truth, pi, 0.95, drawn)
+    est = estimators.active_mean(s, truth, drawn, pi, 0.95)
+    h = estimators.hajek_share(truth, pi, 0.95, drawn)
     ci = stats.corrected_interval(est["estimate"], est["se"], stats.sample_events(truth, s, drawn, pi), h["lo"],
                                   h["hi"], 0.95)
     target = truth.mean(axis=1)
     assert abs(np.mean(est["estimate"] - target)) < 3 * np.std(est["estimate"] - target) / np.sqrt(reps)  # unbiased
     assert np.mean((ci["lo"] <= target) & (target <= ci["hi"])) >= 0.92
-    uniform = stats.uniform_equivalent_se(s, truth, drawn, pi)
+    uniform = estimators.uniform_equivalent_se(s, truth, drawn, pi)
     assert np.mean(est["se"]) < 0.8 * np.mean(uniform)
 
 
@@ -147,6 +147,6 @@ def test_burn_in_design_estimate_is_unbiased_at_low_prevalence():
         burn[rng.permutation(n_posts)[:40]] = True
         pi, pi_active = sampling.burn_in_design(p, burn, y[burn], budget, 0.2)
         drawn = burn | (rng.random(n_posts) < pi_active)
-        est = stats.active_mean(sampling.recalibrate(p, p[burn], y[burn]), y, drawn, pi, 0.95)
+        est = estimators.active_mean(sampling.recalibrate(p, p[burn], y[burn]), y, drawn, pi, 0.95)
         errors.append(est["estimate"] - y.mean())
     assert abs(np.mean(errors)) < 3 * np.std(errors) / np.sqrt(reps)

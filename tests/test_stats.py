@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 from ppi_py.ppi import _calc_lam_glm  # private: the lambda ppi_py tunes internally
 
-from vidlabel.analyze import stats
+from vidlabel.analyze import estimators, stats
 from vidlabel.analyze.prevalence import ppi_moments_from_items
 
 # ------------------------------------------------------------------------------------------
@@ -269,8 +269,8 @@ def test_simulation_inverse_probability_weights():
     # The weighted human-only share (Hajek) and the active estimator cover the truth as well, and
     # the active estimator is at least as narrow as the human-only share
     y, f = truth.astype(float), yhat.astype(float)
-    h = stats.hajek_share(y, prob, 0.95, labelled)
-    a = stats.active_mean(f, y, labelled, prob, 0.95)
+    h = estimators.hajek_share(y, prob, 0.95, labelled)
+    a = estimators.active_mean(f, y, labelled, prob, 0.95)
     ci = stats.corrected_interval(a["estimate"], a["se"], stats.sample_events(y, f, labelled, prob), h["lo"], h["hi"],
                                   0.95)
     assert np.mean((h["lo"] <= target) & (target <= h["hi"])) >= 0.92
@@ -278,7 +278,7 @@ def test_simulation_inverse_probability_weights():
     # with its intercept the active estimator is at least as precise as the Hajek share (the model
     # helps a little here: precision 0.9, recall 0.69); without it, it would be less precise
     assert np.mean(a["se"]) < np.mean(h["se"])
-    plain = stats.active_mean(f, y, labelled, prob, 0.95, intercept=False)
+    plain = estimators.active_mean(f, y, labelled, prob, 0.95, intercept=False)
     assert np.mean(plain["se"]) > np.mean(h["se"])
 
 
@@ -320,7 +320,7 @@ def test_hajek_share_formula_census_and_zero():
     rng = np.random.default_rng(4)
     y = (rng.random(200) < 0.3).astype(float)
     pi = rng.uniform(0.05, 0.9, 200)
-    h = stats.hajek_share(y, pi, 0.95)
+    h = estimators.hajek_share(y, pi, 0.95)
     w = 1 / pi
     mean = (w * y).sum() / w.sum()
     se = math.sqrt((w * w * (1 - pi) * (y - mean) ** 2).sum()) / w.sum()
@@ -328,9 +328,9 @@ def test_hajek_share_formula_census_and_zero():
     n_eff = mean * (1 - mean) / se**2
     assert h["n_eff"] == pytest.approx(n_eff)
     assert (h["lo"], h["hi"]) == pytest.approx(stats.wilson_interval(mean * n_eff, n_eff, 0.95))
-    census = stats.hajek_share(y, np.ones(200), 0.95)
+    census = estimators.hajek_share(y, np.ones(200), 0.95)
     assert census["lo"] == census["hi"] == pytest.approx(y.mean())
-    zero = stats.hajek_share(np.zeros(50), pi[:50], 0.95)
+    zero = estimators.hajek_share(np.zeros(50), pi[:50], 0.95)
     assert zero["estimate"] == 0 and zero["lo"] == 0 and 0 < zero["hi"] < 0.2  # Kish size, not a point
 
 
@@ -348,14 +348,14 @@ def test_active_mean_matches_a_direct_implementation():
     xi = rng.random(n_posts) < pi
     y_seen = np.where(xi, y, np.nan)
     # fixed lambda, no intercept: Zrnic & Candes' estimator term by term
-    fixed = stats.active_mean(s, y_seen, xi, pi, 0.95, lam=0.7, intercept=False)
+    fixed = estimators.active_mean(s, y_seen, xi, pi, 0.95, lam=0.7, intercept=False)
     z = _active_direct(s, y, xi, pi, 0.7, 0.0)
     assert fixed["estimate"] == pytest.approx(z.mean(), abs=1e-12)
     assert fixed["se"] == pytest.approx(z.std(ddof=1) / math.sqrt(n_posts), rel=1e-10)
     half = stats.z_value(0.95) * fixed["se"]
     assert (fixed["lo"], fixed["hi"]) == pytest.approx((z.mean() - half, z.mean() + half))
     # plug-in: the (lambda, mu) of least squares of -a on the control variates
-    tuned = stats.active_mean(s, y_seen, xi, pi, 0.95)
+    tuned = estimators.active_mean(s, y_seen, xi, pi, 0.95)
     a, b1, b0 = y * xi / pi, s * (1 - xi / pi), 1 - xi / pi
     coef = np.linalg.lstsq(np.c_[np.ones(n_posts), b1, b0], -a, rcond=None)[0]
     assert 0 < coef[1] < 1  # inside the clipping range here
@@ -364,11 +364,11 @@ def test_active_mean_matches_a_direct_implementation():
     assert tuned["estimate"] == pytest.approx(z.mean(), abs=1e-10)
     assert tuned["se"] <= fixed["se"] + 1e-12  # the tuned pair minimises the variance
     # batched rows give the per-row answers
-    batch = stats.active_mean(np.stack([s, s[::-1]]), np.stack([y_seen, y_seen[::-1]]), np.stack([xi, xi[::-1]]),
+    batch = estimators.active_mean(np.stack([s, s[::-1]]), np.stack([y_seen, y_seen[::-1]]), np.stack([xi, xi[::-1]]),
                               np.stack([pi, pi[::-1]]), 0.95)
     assert batch["estimate"][0] == pytest.approx(tuned["estimate"])
     # a constant prediction: lambda 0, still a valid (Hajek-like) estimate
-    flat = stats.active_mean(np.full(n_posts, 0.3), y_seen, xi, pi, 0.95)
+    flat = estimators.active_mean(np.full(n_posts, 0.3), y_seen, xi, pi, 0.95)
     assert flat["lambda"] == 0 and abs(flat["estimate"] - y.mean()) < 5 * flat["se"]
 
 

@@ -15,7 +15,7 @@ Choices worth knowing (also stated in summary.md):
 - Design. Without ``sampling_probability`` (or with one value for every row) the human labels are a
   uniform random sample: Wilson human-only interval, PPI++ correction (DuckDB SQL, cross-checked
   against ppi_py). With varying probabilities (an active or other known-probability design): Hajek
-  human-only share and the Horvitz-Thompson active estimator (``stats.active_mean``).
+  human-only share and the Horvitz-Thompson active estimator (``estimators.active_mean``).
 - Reported corrected interval: ``stats.corrected_interval`` (t quantile on the number of events, and
   the human-only interval folded in below ``stats.MIN_EVENTS`` events); coverage in docs/statistics.md.
 - Human labels on unknown posts/questions, with unreadable labels or on excluded posts are not used;

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 import pyarrow as pa
 
-from vidlabel.analyze import stats
+from vidlabel.analyze import estimators, stats
 from vidlabel.analyze.labels_db import float_array, query_rows, register_table
 from vidlabel.analyze.summary_text import pct
 from vidlabel.core import duck
@@ -101,14 +101,14 @@ def _human_and_corrected(con, qid: str, row: dict, mom: dict | None, confidence:
         return ["no usable human label for this question: no human-only or corrected share (n/a)"]
     notes = []
     if weighted:
-        h = stats.hajek_share(y[labelled], pi[labelled], confidence)
+        h = estimators.hajek_share(y[labelled], pi[labelled], confidence)
         row["human_share"], row["human_lo"], row["human_hi"] = h["estimate"], h["lo"], h["hi"]
         row["human_ci_method"] = f"Hajek mean, Wilson at the design's effective size ({h['n_eff']:,.0f})"
-        est = stats.active_mean(f, y, labelled, pi, confidence)
+        est = estimators.active_mean(f, y, labelled, pi, confidence)
         estimate, se, lam = est["estimate"], est["se"], est["lambda"]
         events = stats.sample_events(y, f, labelled, pi)
         row["corrected_method"] = "active estimator (Horvitz-Thompson with power tuning)"
-        row["uniform_halfwidth"] = stats.z_value(confidence) * stats.uniform_equivalent_se(f, y, labelled, pi)
+        row["uniform_halfwidth"] = stats.z_value(confidence) * estimators.uniform_equivalent_se(f, y, labelled, pi)
         row["ppi_population"], row["ppi_labelled"] = f.size, n
     else:
         row["human_share"] = y_sum / n

@@ -2,7 +2,7 @@
 
 Each classified post i gets an inclusion probability pi_i fixed from the model's output before any
 human label is seen; each post is then drawn independently (Poisson sampling) with that probability.
-The prevalence estimate from such a sample is ``stats.active_mean`` (Horvitz-Thompson with power
+The prevalence estimate from such a sample is ``estimators.active_mean`` (Horvitz-Thompson with power
 tuning), which stays unbiased whatever the model's quality: only its width depends on it.
 
 - Uncertainty u_i: the expected squared error of a calibrated prediction, p(1 - p) for P(yes) = p.

@@ -190,128 +190,10 @@ def ppi_reference(y: np.ndarray, yhat: np.ndarray, yhat_all: np.ndarray, confide
     return {"estimate": float(np.ravel(est)[0]), "lo": float(np.ravel(lo)[0]), "hi": float(np.ravel(hi)[0])}
 
 
-def hajek_share(y, pi, confidence: float, sampled=None) -> dict[str, Any]:
-    """Human-only share of a sample drawn with known inclusion probabilities ``pi``.
-
-    Hajek (self-normalised inverse-probability) mean with the linearised SE
-    sqrt(sum w^2 (1 - pi) (y - mean)^2) / sum w, w = 1/pi (Poisson sampling; the (1 - pi) factor is
-    the finite-population correction). The interval is Wilson's at the design's effective sample
-    size n_eff = mean (1 - mean) / SE^2 (Kish's (sum w)^2 / sum w^2 when the mean is 0 or 1), which
-    keeps the bounds in [0, 1] and honest at 0 or all "yes" labels. A census (every pi = 1) has no
-    sampling error: the interval is the point.
-
-    Vectorised over leading dimensions: arrays (..., N); ``sampled`` (bool, same shape) marks the
-    labelled posts (None: every entry is labelled).
-    """
-    y = np.asarray(y, dtype=float)
-    pi = np.asarray(pi, dtype=float)
-    sampled = np.ones(y.shape, bool) if sampled is None else np.asarray(sampled, bool)
-    w = np.where(sampled, 1.0 / np.where(sampled, pi, 1.0), 0.0)
-    y0 = np.where(sampled, y, 0.0)
-    w_sum = w.sum(axis=-1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = (w * y0).sum(axis=-1) / w_sum
-        var = (w * w * (1 - np.where(sampled, pi, 1.0)) * (y0 - mean[..., None]) ** 2).sum(axis=-1) / w_sum**2
-        kish = w_sum**2 / (w * w).sum(axis=-1)
-        interior = (mean > 0) & (mean < 1)
-        n_eff = np.where(interior & (var > 0), mean * (1 - mean) / np.where(var > 0, var, 1.0), kish)
-        census = interior & ~(var > 0)
-    lo, hi = wilson_bounds(mean * np.where(census, 1.0, n_eff), np.where(census, 1.0, n_eff), confidence)
-    lo, hi = np.where(census, mean, lo), np.where(census, mean, hi)
-    return _squeeze({"estimate": mean, "se": np.sqrt(var), "lo": lo, "hi": hi, "n_eff": n_eff})
-
-
-def active_mean(f, y, sampled, pi, confidence: float, lam: float | None = None,
-                intercept: bool = True) -> dict[str, Any]:
-    """Prevalence from a sample drawn with known inclusion probabilities (active inference).
-
-    Horvitz-Thompson form with power tuning (Zrnic & Candes 2024):
-        z_i = g_i + (Y_i - g_i) xi_i / pi_i,  g_i = lam f_i + mu,  estimate = mean_i z_i,  SE = sd(z) / sqrt(N)
-    over all N posts of the population; f_i is the model's prediction (probability of "yes", or the
-    hard answer 0/1), xi_i = 1 for a labelled post. E[xi_i / pi_i] = 1, so the estimate is unbiased
-    for any lam and mu fixed in advance; with mu = 0 it is Zrnic & Candes' estimator.
-    ``lam=None`` takes the plug-in: the (lam, mu) that minimise the sample variance of z (a least
-    squares fit of a = Y xi/pi on the control variates b1 = f (1 - xi/pi) and b0 = 1 - xi/pi), lam
-    clipped to [0, 1] (mu refitted after clipping); lam = 0 when b1 does not vary. The intercept mu
-    (``intercept=True``) is the Hajek-type ratio adjustment: without it, the HT estimator carries the
-    randomness of the number of labels drawn, which made it wider than the Hajek human-only share
-    when the probabilities follow the model; ``intercept=False`` fixes mu = 0.
-
-    Vectorised over leading dimensions: arrays (..., N), ``y`` may hold anything (NaN) where not
-    sampled. The interval is the normal one clipped to [0, 1]; ``corrected_interval`` makes the
-    reported one.
-    """
-    f = np.asarray(f, dtype=float)
-    sampled = np.asarray(sampled, bool)
-    pi = np.asarray(pi, dtype=float)
-    n_posts = f.shape[-1]
-    w = np.where(sampled, 1.0 / np.where(sampled, pi, 1.0), 0.0)
-    a = np.where(sampled, np.asarray(y, dtype=float), 0.0) * w
-    b0 = 1.0 - w
-    b1 = f * b0
-
-    def centred(x):
-        return x - x.mean(axis=-1, keepdims=True)
-
-    a_c, b0_c, b1_c = centred(a), centred(b0), centred(b1)
-    v00, v11, v01 = ((x * z).mean(axis=-1) for x, z in ((b0_c, b0_c), (b1_c, b1_c), (b0_c, b1_c)))
-    c0, c1 = (a_c * b0_c).mean(axis=-1), (a_c * b1_c).mean(axis=-1)
-    if lam is None:
-        if intercept:
-            det = v00 * v11 - v01 * v01
-            ok = det > 1e-12 * np.maximum(v00 * v11, 1e-300)
-            lam_free = np.where(ok, (-c1 * v00 + c0 * v01) / np.where(ok, det, 1.0), 0.0)
-        else:
-            ok = v11 > 0
-            lam_free = np.where(ok, -c1 / np.where(ok, v11, 1.0), 0.0)
-        lam_arr = np.where(v11 > 0, np.clip(lam_free, 0.0, 1.0), 0.0)
-    else:
-        lam_arr = np.broadcast_to(np.asarray(lam, dtype=float), a.shape[:-1])
-    if intercept:
-        mu = np.where(v00 > 0, -(c0 + lam_arr * v01) / np.where(v00 > 0, v00, 1.0), 0.0)
-    else:
-        mu = np.zeros(lam_arr.shape)
-    z = a + lam_arr[..., None] * b1 + mu[..., None] * b0
-    estimate = z.mean(axis=-1)
-    se = z.std(axis=-1, ddof=1) / math.sqrt(n_posts) if n_posts > 1 else np.full(estimate.shape, np.nan)
-    half = z_value(confidence) * se
-    return _squeeze({"estimate": estimate, "se": se, "lo": np.clip(estimate - half, 0.0, 1.0),
-                     "hi": np.clip(estimate + half, 0.0, 1.0), "lambda": lam_arr, "mu": mu,
-                     "n": sampled.sum(axis=-1), "big_n": n_posts})
-
-
-def uniform_equivalent_se(f, y, sampled, pi) -> Any:
-    """SE that uniform-sample PPI++ would have had with as many labels as this weighted sample.
-
-    PPI++ on a simple random sample of n of N posts has variance Var(Y - lam f)/n + lam^2 Var(f)/N
-    with lam = Cov(Y, f)/Var(f) (clipped to [0, 1]; the n/N correction is negligible here). The
-    population moments of Y are estimated from the weighted sample (Hajek weights 1/pi), those of f
-    from every post. Shown beside the active interval so the design's gain (or loss) is visible.
-    Vectorised like ``active_mean``.
-    """
-    f = np.asarray(f, dtype=float)
-    sampled = np.asarray(sampled, bool)
-    w = np.where(sampled, 1.0 / np.where(sampled, np.asarray(pi, dtype=float), 1.0), 0.0)
-    y0 = np.where(sampled, np.asarray(y, dtype=float), 0.0)
-    n = sampled.sum(axis=-1)
-    w_sum = w.sum(axis=-1, keepdims=True)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        y_mean = (w * y0).sum(axis=-1, keepdims=True) / w_sum
-        f_mean_l = (w * f).sum(axis=-1, keepdims=True) / w_sum
-        cov_yf = (w * (y0 - y_mean) * (f - f_mean_l)).sum(axis=-1) / w_sum[..., 0]
-        var_f = f.var(axis=-1)
-        lam = np.where(var_f > 0, np.clip(cov_yf / np.where(var_f > 0, var_f, 1.0), 0.0, 1.0), 0.0)
-        r = y0 - lam[..., None] * f
-        r_mean = (w * r).sum(axis=-1, keepdims=True) / w_sum
-        var_r = (w * (r - r_mean) ** 2).sum(axis=-1) / w_sum[..., 0]
-        se = np.sqrt(var_r / n + lam * lam * var_f / f.shape[-1])
-    return _squeeze(se)
-
-
-def _squeeze(value):
+def squeeze(value):
     """Scalars out of 0-d arrays (the single-dataset call), arrays untouched (the batched one)."""
     if isinstance(value, dict):
-        return {k: _squeeze(v) for k, v in value.items()}
+        return {k: squeeze(v) for k, v in value.items()}
     if isinstance(value, np.ndarray) and value.ndim == 0:
         return value.item()
     return value
@@ -353,7 +235,7 @@ def sample_events(y, f, labelled=None, pi=None):
             for v in (w * y0, w * np.where(labelled, 1.0 - y0, 0.0), w * miss):
                 total, square = v.sum(axis=-1), (v * v).sum(axis=-1)
                 events = np.minimum(events, np.where(square > 0, total**2 / np.where(square > 0, square, 1.0), 0.0))
-    return _squeeze(events)
+    return squeeze(events)
 
 
 def corrected_interval(estimate, se, events, human_lo, human_hi, confidence: float) -> dict[str, Any]:
@@ -377,4 +259,4 @@ def corrected_interval(estimate, se, events, human_lo, human_hi, confidence: flo
     few = events < MIN_EVENTS
     lo = np.where(few, np.fmin(lo, human_lo), lo)
     hi = np.where(few, np.fmax(hi, human_hi), hi)
-    return _squeeze({"lo": lo, "hi": hi, "quantile": quantile, "few": few})
+    return squeeze({"lo": lo, "hi": hi, "quantile": quantile, "few": few})
