@@ -81,7 +81,7 @@ def run(config: dict[str, Any], labels_path: str | Path, human_labels_path: str 
 
     human = load_human_labels(con, human_labels_path)
     prevalence_rows = prevalence(con, ids, confidence, human)
-    agreement_rows = agreement(con, ids, confidence, int(config["stats"]["bootstrap_samples"])) if human else []
+    agreement_rows = agreement(con, ids, confidence, int(config["stats"]["bootstrap_samples"]), human) if human else []
     tokens_rows = query_rows(con, duck.sql("tokens"))
     throughput_rows = query_rows(con, duck.sql("throughput"), {
         "gpus_per_job": int(config["cost"]["gpus_per_job"]),

@@ -45,14 +45,16 @@ SUMMARY_METRICS = tuple(f"{m}{s}" for m in stats.AGREEMENT_METRICS for s in ("",
 MODELS_COLUMNS = [
     "model", "model_id", "server", "provenances", "question", "posts", "answered", "no_answer",
     "model_share", "model_lo", "model_hi", "human_n", "human_share", "human_lo", "human_hi", "human_ci_method",
-    "corrected", "corrected_lo", "corrected_hi", "corrected_method", "agreement_n", *SUMMARY_METRICS,
+    "corrected", "corrected_lo", "corrected_hi", "corrected_method", "agreement_design", "agreement_n",
+    "agreement_no_answer", *SUMMARY_METRICS,
     "requests", "input_tokens", "output_tokens", "busy_s", "gpu_hours", "cost_usd", "confidence", "note",
 ]
 # models.csv column -> the column of the model's prevalence.csv / agreement.csv it is copied from
 PREVALENCE_FIELDS = {c: c for c in ("posts", "answered", "no_answer", "model_share", "model_lo", "model_hi",
                                     "human_n", "human_share", "human_lo", "human_hi", "human_ci_method",
                                     "corrected", "corrected_lo", "corrected_hi", "corrected_method")}
-AGREEMENT_FIELDS = {"agreement_n": "n", **{c: c for c in SUMMARY_METRICS}}
+AGREEMENT_FIELDS = {"agreement_design": "design", "agreement_n": "n", "agreement_no_answer": "no_model_answer",
+                    **{c: c for c in SUMMARY_METRICS}}
 THROUGHPUT_FIELDS = ("requests", "input_tokens", "output_tokens", "busy_s", "gpu_hours", "cost_usd")
 PAIR_COUNTS = ["both_answered", "both_yes", "only_a_yes", "only_b_yes", "both_no", "only_a_answered",
                "only_b_answered"]

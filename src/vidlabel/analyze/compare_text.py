@@ -21,7 +21,8 @@ def to_float(value) -> float:
 
 def parsed_row(row: dict[str, Any]) -> dict[str, Any]:
     """A models.csv row with its numbers as floats (NaN where empty), for text and plot."""
-    text = {"model", "model_id", "server", "question", "human_ci_method", "corrected_method", "note"}
+    text = {"model", "model_id", "server", "question", "human_ci_method", "corrected_method", "agreement_design",
+            "note"}
     return {k: (v if k in text else to_float(v)) for k, v in row.items()}
 
 
@@ -75,19 +76,22 @@ def _question_section(qid: str, rows: list[dict], pairs: list[dict], disagreemen
                       human: dict | None) -> list[str]:
     out = [f"### {qid}", ""]
     for r in rows:
-        if not r["answered"]:
-            out.append(f"- **{r['model']}**: answered none of the {int(r['posts']):,} classified posts (every request "
-                       "failed or gave no answer for this question): no share and no agreement with the human labels.")
-            continue
         sentences = []
+        if not r["answered"]:
+            sentences.append(f"answered none of the {int(r['posts']):,} classified posts (every request failed or gave "
+                             "no answer for this question): no share of its own.")
         if human and _finite(r["agreement_n"]) and r["agreement_n"] > 0:
-            sentences.append(f"Against the humans on the {int(r['agreement_n']):,} labelled posts it answered: F1 "
+            failed = int(r["agreement_no_answer"]) if _finite(r["agreement_no_answer"]) else 0
+            counted = (f", the {failed:,} it gave no answer for counted as wrong answers" if failed else "")
+            weighted = " weighted by the sampling design" if r["agreement_design"] != "uniform" else ""
+            sentences.append(f"Against the humans on the {int(r['agreement_n']):,} labelled posts{counted}{weighted}: F1 "
                              f"{_interval(r, 'f1')}, precision {_interval(r, 'precision')}, recall "
                              f"{_interval(r, 'recall')}, kappa {_interval(r, 'kappa')}.")
-        elif human and _finite(r["human_n"]) and r["human_n"] > 0:
-            sentences.append("None of the human-labelled posts has an answer of this model.")
         elif human:
             sentences.append("No human label for this question.")
+        if not r["answered"]:
+            out.append(f"- **{r['model']}**: " + " ".join(sentences))
+            continue
         if _finite(r["corrected"]):
             sentences.append(f"Corrected prevalence {_interval(r, 'corrected', _pct)} of all {int(r['posts']):,} "
                              f"classified posts ({r['corrected_method']}).")
@@ -235,8 +239,10 @@ def compare_markdown(config: dict, described: Sequence[dict], ids: Sequence[str]
             "model's errors. The corrected share (all classified posts) combines the model's predictions with the "
             "human labels.",
             "- Agreement with the humans: precision, recall (Wilson intervals), F1 and kappa (percentile bootstrap) on "
-            "the human-labelled posts the model answered; a model that failed on more labelled posts is measured on "
-            "fewer.",
+            "the same human-labelled posts for every model: a post a model gave no answer for counts as its wrong "
+            "answer, so a failure never flatters a model. With varying sampling probabilities (an active sample) each "
+            "label is weighted by 1/probability and the intervals resample the design: the figures estimate each "
+            "metric over all classified posts, not over the posts the steering model was unsure about.",
             "- Better or not: two models are told apart only when their F1 intervals do not overlap. Overlapping "
             "intervals mean this sample does not separate them; more human labels would.",
             "- Between models (model_agreement.csv): on the posts both answered, the share on which they agree "

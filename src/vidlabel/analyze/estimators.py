@@ -13,11 +13,19 @@ Methods and simulated coverage: docs/statistics.md.
 from __future__ import annotations
 
 import math
-from typing import Any
+import warnings
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from vidlabel.analyze.stats import squeeze, wilson_bounds, z_value
+from vidlabel.analyze.stats import (
+    BOOTSTRAP_METRICS,
+    agreement_row,
+    confusion_metrics,
+    squeeze,
+    wilson_bounds,
+    z_value,
+)
 
 def hajek_share(y, pi, confidence: float, sampled=None) -> dict[str, Any]:
     """Human-only share of a sample drawn with known inclusion probabilities ``pi``.
@@ -135,3 +143,107 @@ def uniform_equivalent_se(f, y, sampled, pi) -> Any:
         var_r = (w * (r - r_mean) ** 2).sum(axis=-1) / w_sum[..., 0]
         se = np.sqrt(var_r / n + lam * lam * var_f / f.shape[-1])
     return squeeze(se)
+
+
+# --------------------------------------------------------------------------------------------
+# Agreement under the design
+
+class Design(NamedTuple):
+    """How each labelled post stands for the population, for point estimates and for resampling.
+
+    A post's weight is ``srs_weight + poisson_weight + fixed_weight``: a component from a simple
+    random sample (resampled as one: multinomial counts over the posts that have it), one from a
+    Poisson draw with inclusion probability ``pi`` (resampled post by post), and one counted exactly
+    (a post that stands for itself, resampled never). One-phase designs have one component; a
+    two-phase design (``two_phase_design``) mixes them.
+    """
+
+    srs_weight: np.ndarray
+    poisson_weight: np.ndarray
+    pi: np.ndarray
+    fixed_weight: np.ndarray
+
+    @property
+    def weight(self) -> np.ndarray:
+        return self.srs_weight + self.poisson_weight + self.fixed_weight
+
+
+def uniform_design(n: int) -> Design:
+    """A simple random sample of ``n`` posts (weights 1: ratios do not depend on the scale)."""
+    zero = np.zeros(n)
+    return Design(np.ones(n), zero, np.ones(n), zero)
+
+
+def poisson_design(pi) -> Design:
+    """Each labelled post drawn independently with probability ``pi``: weight 1/pi."""
+    pi = np.asarray(pi, dtype=float)
+    zero = np.zeros(pi.size)
+    return Design(zero, 1.0 / pi, pi, zero)
+
+
+def replicate_weights(design: Design, samples: int, rng: np.random.Generator) -> np.ndarray:
+    """(samples, n) bootstrap weights that resample the design: the simple-random-sample component by
+    multinomial counts over its posts (resampling them with replacement), the Poisson component by
+    multipliers 1 + sqrt(1 - pi) (P - 1), P ~ Poisson(1) (mean 1, variance 1 - pi: the replicates'
+    variance of a weighted total is the Horvitz-Thompson variance estimate of Poisson sampling, a post
+    drawn with pi = 1 does not vary), the exact component unchanged. Every weight stays >= 0."""
+    n = design.pi.size
+    out = np.broadcast_to(design.fixed_weight, (samples, n)).copy()
+    srs = design.srs_weight > 0
+    if srs.any():
+        counts = rng.multinomial(int(srs.sum()), np.full(int(srs.sum()), 1.0 / srs.sum()), size=samples)
+        out[:, srs] += design.srs_weight[srs] * counts
+    poisson = design.poisson_weight > 0
+    if poisson.any():
+        spread = np.sqrt(np.clip(1.0 - design.pi[poisson], 0.0, 1.0))
+        out[:, poisson] += design.poisson_weight[poisson] * (1.0 + spread * (rng.poisson(1.0, (samples, int(poisson.sum()))) - 1.0))
+    return out
+
+
+# Cells of the 2x2 table, in stats.confusion_metrics' order ("yes" is positive).
+TP, FP, FN, TN = range(4)
+
+
+def weighted_agreement(cells, design: Design, confidence: float, samples: int, seed: int = 0) -> dict[str, Any]:
+    """Agreement metrics estimated for the population the design stands for.
+
+    ``cells``: per labelled post its cell (``TP``, ``FP``, ``FN``, ``TN``); ``design``: its weights.
+    Every metric is a function of the confusion totals sum w (Hajek: the ratios do not depend on the
+    scale of w), so on a uniform sample it is the plain one. Intervals: F1 and kappa, percentile
+    bootstrap over ``replicate_weights``; accuracy, precision and recall (shares), Wilson's interval at
+    the design's effective size p(1 - p) / Var*, Var* their bootstrap variance (Kish's size of the
+    share's posts when the share is 0 or 1, as ``hajek_share``). An empty cell gets, in the replicates
+    only, a pseudo-post of half the mean weight (resampled like a Poisson post with pi = 0), as the
+    uniform bootstrap smooths its cell shares.
+    """
+    cells = np.asarray(cells, dtype=int)
+    onehot = np.eye(4)[cells] if cells.size else np.zeros((0, 4))
+    weight = design.weight
+    totals = weight @ onehot
+    counts = onehot.sum(axis=0)
+    point = confusion_metrics(*totals)
+    rng = np.random.default_rng(seed)
+    replicate_totals = replicate_weights(design, samples, rng) @ onehot
+    empty = counts == 0
+    pseudo = 0.5 * (float(weight.mean()) if weight.size else 1.0)
+    if cells.size and empty.any():
+        replicate_totals[:, empty] += pseudo * rng.poisson(1.0, (samples, int(empty.sum())))
+    with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)  # a metric undefined in every replicate: NaN
+        replicates = confusion_metrics(*replicate_totals.T)
+        tail = 100 * (1 - confidence) / 2
+        intervals = {name: tuple(float(b) for b in np.nanpercentile(replicates[name], [tail, 100 - tail]))
+                     if cells.size else (math.nan, math.nan) for name in BOOTSTRAP_METRICS}
+        for name, domain in (("accuracy", (TP, FP, FN, TN)), ("precision", (TP, FP)), ("recall", (TP, FN))):
+            share = point[name]
+            in_domain = np.isin(cells, domain)
+            w = weight[in_domain]
+            if not w.size or not np.isfinite(share):
+                intervals[name] = (math.nan, math.nan)
+                continue
+            variance = float(np.nanvar(replicates[name]))
+            kish = float(w.sum() ** 2 / (w * w).sum())
+            n_eff = share * (1 - share) / variance if 0 < share < 1 and variance > 0 else kish
+            lo, hi = wilson_bounds(share * n_eff, n_eff, confidence)
+            intervals[name] = (float(lo), float(hi))
+    return agreement_row(counts, point, intervals, f"a pseudo-post of half the mean weight ({pseudo:.3g})")

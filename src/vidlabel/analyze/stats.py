@@ -133,30 +133,38 @@ def bootstrap_agreement(tp, fp, fn, tn, confidence: float, samples: int,
 
 def agreement(tp: int, fp: int, fn: int, tn: int, confidence: float, bootstrap_samples: int,
               seed: int = 0) -> dict[str, Any]:
-    """Agreement of model with human labels: each metric with its interval, and a note on the
-    intervals that are smoothed or cannot be estimated (one human class only)."""
-    point = confusion_metrics(tp, fp, fn, tn)
+    """Agreement of model with human labels on a uniform sample: Wilson for accuracy, precision and
+    recall, the bootstrap for F1 and kappa (``agreement_row`` adds the notes)."""
     boot = bootstrap_agreement(tp, fp, fn, tn, confidence, bootstrap_samples, seed)
-    wilson = {
+    intervals = {
         "accuracy": wilson_interval(tp + tn, tp + fp + fn + tn, confidence),
         "precision": wilson_interval(tp, tp + fp, confidence),
         "recall": wilson_interval(tp, tp + fn, confidence),
+        **{name: boot[name] for name in BOOTSTRAP_METRICS},
     }
+    return agreement_row((tp, fp, fn, tn), confusion_metrics(tp, fp, fn, tn), intervals,
+                         f"+{EMPTY_CELL_PSEUDOCOUNT}")
+
+
+def agreement_row(counts, point: dict[str, float], intervals: dict[str, tuple[float, float]],
+                  smoothing: str) -> dict[str, Any]:
+    """One agreement result: the labelled counts, each metric with its interval, and a note on the
+    intervals that are smoothed (``smoothing`` says by how much) or cannot be estimated (one human
+    class only: the sample's kappa and F1 say nothing about the population's)."""
+    tp, fp, fn, tn = (int(c) for c in counts)
     n = tp + fp + fn + tn
     out: dict[str, Any] = {"n": n, "tp": tp, "fp": fp, "fn": fn, "tn": tn}
     for name in AGREEMENT_METRICS:
-        lo, hi = wilson[name] if name in WILSON_METRICS else boot[name]
+        lo, hi = intervals[name]
         out[name], out[f"{name}_lo"], out[f"{name}_hi"] = point[name], lo, hi
     out["note"] = ""
     if n and (tp + fn == 0 or fp + tn == 0):
-        # With one human class the sample's kappa and F1 say nothing about the population's.
         for name in BOOTSTRAP_METRICS:
             out[f"{name}_lo"] = out[f"{name}_hi"] = math.nan
         out["note"] = (f"every human label is \"{'no' if tp + fn == 0 else 'yes'}\": the F1 and kappa "
                        "intervals cannot be estimated (n/a)")
     elif n and min(tp, fp, fn, tn) == 0:
-        out["note"] = (f"a cell of the 2x2 table is empty: F1 and kappa resampled from cell shares smoothed by "
-                       f"+{EMPTY_CELL_PSEUDOCOUNT}")
+        out["note"] = f"a cell of the 2x2 table is empty: F1 and kappa resampled with each cell smoothed by {smoothing}"
     return out
 
 
