@@ -380,7 +380,7 @@ def test_aggregate_weighted_human_labels_parquet(fabricated):
         says_yes = answer == "yes" if answer is not None else h["y"] == 0
         totals[(0 if says_yes else 2) if h["y"] == 1 else (1 if says_yes else 3)] += 1 / h["sampling_probability"]
     tp, fp, fn, tn = totals
-    assert agree["design"] == "weighted" and "weighted by 1/sampling_probability" in agree["ci_method"]
+    assert agree["design"] == "weighted" and "weighted by the design (1/sampling_probability" in agree["ci_method"]
     assert _f(agree["precision"]) == pytest.approx(tp / (tp + fp))
     assert _f(agree["recall"]) == pytest.approx(tp / (tp + fn))
     assert _f(agree["f1"]) == pytest.approx(2 * tp / (2 * tp + fp + fn))

@@ -36,7 +36,7 @@ import pyarrow as pa
 
 from vidlabel.analyze import plots
 from vidlabel.analyze.agreement import AGREEMENT_COLUMNS, agreement
-from vidlabel.analyze.humans import load_human_labels
+from vidlabel.analyze.humans import check_frame, load_human_labels
 from vidlabel.analyze.labels_db import (
     check_label_columns,
     create_answers_long,
@@ -66,8 +66,9 @@ TIMELINE_BINS = 200
 
 
 def run(config: dict[str, Any], labels_path: str | Path, human_labels_path: str | Path | None,
-        summary_dir: str | Path) -> None:
-    """Write every file of ``summary_dir`` (docs/outputs.md) from ``labels.parquet``."""
+        summary_dir: str | Path, human_design_path: str | Path | None = None) -> None:
+    """Write every file of ``summary_dir`` (docs/outputs.md) from ``labels.parquet``, the human labels
+    and the design they were drawn under (``sample_design``; config key human_design)."""
     summary_dir = Path(summary_dir)
     confidence = float(config["stats"]["confidence"])
     ids = question_ids(config)
@@ -79,7 +80,9 @@ def run(config: dict[str, Any], labels_path: str | Path, human_labels_path: str 
     register_table(con, "questions", pa.table({"question": ids, "position": list(range(len(ids)))}))
     create_answers_long(con, ids)
 
-    human = load_human_labels(con, human_labels_path)
+    human = load_human_labels(con, human_labels_path, human_design_path)
+    if human and human["sample_design"]:
+        check_frame(con, human["sample_design"], labels_path)
     prevalence_rows = prevalence(con, ids, confidence, human)
     agreement_rows = agreement(con, ids, confidence, int(config["stats"]["bootstrap_samples"]), human) if human else []
     tokens_rows = query_rows(con, duck.sql("tokens"))

@@ -33,33 +33,40 @@ def agreement(con, ids: Sequence[str], confidence: float, bootstrap_samples: int
     cells_all = float_array(pairs["cell"])
     answered_all = np.asarray(pairs["answered"], dtype=bool)
     probability_all = float_array(pairs["probability"])
-    weighted = human["weighted"]
-    if weighted:
-        method = (f"estimated for all classified posts, each label weighted by 1/sampling_probability; Wilson at the "
-                  f"design's effective size: accuracy, precision, recall; percentile bootstrap ({bootstrap_samples} "
-                  "replicates resampling the design): f1, kappa")
-    else:
-        method = (f"Wilson: accuracy, precision, recall; percentile bootstrap ({bootstrap_samples} resamples of the "
-                  "labelled pairs): f1, kappa (in simulation these covered 93-97 % at 150 or more labels, "
-                  "docs/statistics.md)")
+    phase_all = float_array(pairs["phase"])
+    weighted_method = (f"estimated for all classified posts, each label weighted by the design (1/sampling_probability; "
+                       f"two phases: as in the two-phase estimate); Wilson at the design's effective size: accuracy, "
+                       f"precision, recall; percentile bootstrap ({bootstrap_samples} replicates resampling the design): "
+                       "f1, kappa")
+    uniform_method = (f"Wilson: accuracy, precision, recall; percentile bootstrap ({bootstrap_samples} resamples of the "
+                      "labelled pairs): f1, kappa (in simulation these covered 93-97 % at 150 or more labels, "
+                      "docs/statistics.md)")
     rows = []
     for qid in ids:
         mine = questions == qid
         compared = mine & np.isfinite(cells_all)
         cells = cells_all[compared].astype(int)
+        pi, phase = probability_all[compared], phase_all[compared]
         seed = zlib.crc32(qid.encode())  # reproducible intervals, different per question
-        if weighted:
-            result = estimators.weighted_agreement(cells, estimators.poisson_design(probability_all[compared]),
-                                                   confidence, bootstrap_samples, seed)
-        else:
+        design = "two_phase" if (phase == 2).any() else "weighted" if pi.size and np.ptp(pi) > 1e-12 else "uniform"
+        if design == "two_phase":
+            sample = human["sample_design"]
+            weights = estimators.two_phase_weights(phase == 1, float(sample["pi_burn_in"]), pi,
+                                                   float(sample["combination"][qid]))
+        elif design == "weighted":
+            weights = estimators.poisson_design(pi)
+        if design == "uniform":
             counts = np.bincount(cells, minlength=4)
             result = stats.agreement(*(int(c) for c in counts), confidence, bootstrap_samples, seed)
+        else:
+            result = estimators.weighted_agreement(cells, weights, confidence, bootstrap_samples, seed)
         failed = int((compared & ~answered_all).sum())
         notes = [result["note"]] if result["note"] else []
         if failed:
             notes.append(f"{failed} labelled post(s) without a model answer are counted as wrong answers (fn where "
                          "the human said \"yes\", fp where \"no\")")
-        rows.append({"question": qid, "design": human["design"], **result, "no_model_answer": failed,
+        rows.append({"question": qid, "design": design, **result, "no_model_answer": failed,
                      "tied_labels": int((mine & ~np.isfinite(cells_all)).sum()), "confidence": confidence,
-                     "ci_method": method, "note": "; ".join(notes)})
+                     "ci_method": uniform_method if design == "uniform" else weighted_method,
+                     "note": "; ".join(notes)})
     return rows

@@ -94,10 +94,10 @@ class CompareError(ValueError):
 # Entry point
 
 def run(config: dict[str, Any], models: list[tuple[str, str, str]], inventory_path: str,
-        human_labels_path: str | None, compare_dir: str) -> None:
+        human_labels_path: str | None, compare_dir: str, human_design_path: str | None = None) -> None:
     """Write models.csv, model_agreement.csv, disagreements.csv, plots/prevalence_by_model.png and
     compare.md into ``compare_dir``. ``models``: (name, labels_path, summary_dir) per model, in the
-    config's order."""
+    config's order; the human labels and their design as each model's aggregate read them."""
     compare_dir = Path(compare_dir)
     confidence = float(config["stats"]["confidence"])
     ids = question_ids(config)
@@ -121,7 +121,7 @@ def run(config: dict[str, Any], models: list[tuple[str, str, str]], inventory_pa
     # The human labels every model's summary was made with; the post sets are equal, so the first
     # model's labels serve for checking them.
     duck.parquet_view(con, "labels", described[0]["labels_path"])
-    human = load_human_labels(con, human_labels_path)
+    human = load_human_labels(con, human_labels_path, human_design_path)
     _check_human_counts(con, described, ids, human_labels_path)
 
     model_rows = models_table(described, ids, confidence)

@@ -11,6 +11,7 @@ import numpy as np
 from vidlabel.analyze import stats
 from vidlabel.analyze.humans import example_rows, resolution_examples
 from vidlabel.analyze.merge import provenance_counts
+from vidlabel.analyze.sample_design import describe
 from vidlabel.core.settings import fingerprint
 
 def provenance_section(con, config: dict[str, Any]) -> list[str]:
@@ -53,12 +54,14 @@ def _prevalence_sentence(r: dict, human: dict | None, c: str) -> str:
     else:
         s += f"the model answered none of the {r['posts']:,} classified posts."
     if human and r.get("human_n"):
-        s += (f" Human labels on {r['human_n']:,} of the {r['posts']:,} classified posts give a human-only share "
-              f"of {pct(r.get('human_share'))} for all {r['posts']:,} classified posts ({c} CI "
+        population = r.get("ppi_population") or r["posts"]
+        posts = "classified posts of the sample's frame" if r.get("outside_frame") else "classified posts"
+        s += (f" Human labels on {r['human_n']:,} of the {population:,} {posts} give a human-only share "
+              f"of {pct(r.get('human_share'))} for all {population:,} {posts} ({c} CI "
               f"{pct(r.get('human_lo'))}–{pct(r.get('human_hi'))}, {r.get('human_ci_method')}).")
         if not is_missing(r.get("corrected")):
             s += (f" Combining the model's predictions with the human labels ({r['corrected_method']}, "
-                  f"λ = {r['lambda']:.2f}), the share among all {r['ppi_population']:,} classified posts, answered "
+                  f"λ = {r['lambda']:.2f}), the share among all {population:,} {posts}, answered "
                   f"or not, is **{pct(r['corrected'])}** ({c} CI {pct(r['corrected_lo'])}–"
                   f"{pct(r['corrected_hi'])}).")
             if not is_missing(r.get("uniform_halfwidth")):
@@ -92,20 +95,23 @@ def summary_markdown(config, status_counts, prevalence_rows, agreement_rows, tok
         out += ["## Agreement with human labels", ""]
         for a in agreement_rows:
             if not a["n"]:
-                out.append(f"- **{a['question']}**: no post has both a human label (not tied) and a model answer.")
+                out.append(f"- **{a['question']}**: no post has a human label (not tied).")
                 continue
             parts = ", ".join(f"{m} {num(a[m])} ({num(a[m + '_lo'])}–{num(a[m + '_hi'])})"
                               for m in stats.AGREEMENT_METRICS)
-            s = f"- **{a['question']}** on the {a['n']:,} human-labelled posts with a model answer: {parts}."
-            if a["no_model_answer"]:
-                s += f" {a['no_model_answer']:,} labelled posts have no model answer and are not compared."
+            weighted = " (weighted by the sampling design)" if a["design"] != "uniform" else ""
+            s = f"- **{a['question']}** on the {a['n']:,} human-labelled posts{weighted}: {parts}."
             if a["tied_labels"]:
                 s += f" {a['tied_labels']:,} labelled post(s) with tied human labels are not compared."
             if a["note"]:
                 s += f" Note: {a['note']}."
             out.append(s)
-        out += ["", f"Intervals at {c}: {agreement_rows[0]['ci_method']}. They describe the labelled sample "
-                    "(not weighted by sampling probabilities).", ""]
+        out += ["", "A labelled post the model gave no answer for counts as a wrong answer (fn where the human said "
+                    "\"yes\", fp where \"no\"), so that a failure never makes a model look better. Every figure "
+                    "estimates the metric over all classified posts: with varying sampling probabilities each label "
+                    "is weighted by its design weight (an active sample draws the posts the model is unsure about; "
+                    f"unweighted they would describe those posts only). Intervals at {c}: "
+                    + "; ".join(sorted({a['ci_method'] for a in agreement_rows})) + ".", ""]
 
     out += ["## Tokens", ""]
     tok = {r["direction"]: r for r in tokens_rows}
@@ -193,6 +199,24 @@ def _human_labels_text(human: dict) -> str:
     text = (f"{human['rows']:,} rows read from `{human['path']}`, {human['usable']:,} used, on "
             f"{human['posts']:,} posts. ")
     probabilities = human["sampling_probabilities"]
+    sample = human["sample_design"]
+    if sample:
+        text += f"The sample was drawn by label_sample (`{sample['path']}`): {describe(sample)}. "
+        if sample.get("outside"):
+            text += (f"{sample['outside']:,} classified post(s) are not in its frame (classified after the draw): the "
+                     "human-only and corrected shares are over the frame's posts, the others are described by the "
+                     "model alone (outside_model_share in prevalence.csv). ")
+        if sample.get("missing"):
+            text += (f"{sample['missing']:,} post(s) of its frame are no longer classified posts (excluded since, or "
+                     "gone): the shares are over the rest of the frame, still a sample with the same probabilities. ")
+        if sample.get("labels_changed"):
+            text += ("labels.parquet is not the file the sample was drawn from: each post keeps the inclusion "
+                     "probability it was drawn with, so the estimates stay valid; the predictions are today's. ")
+    if human["design"] == "two_phase":
+        text += (f"Design: two phases, a uniform burn-in (sampling probability {sample['pi_burn_in']:.3g}) and a "
+                 f"second draw whose probabilities the burn-in chose (mixture weight {sample.get('mixture', 0):.2f} "
+                 "of the active design); each share combines the two phases' estimates with the design's weights. ")
+        return text
     if human["weighted"]:
         q = np.quantile(probabilities, [0, 0.1, 0.5, 0.9, 1])
         text += (f"Design: known, varying sampling probabilities (an active or other weighted sample); among the "

@@ -1,5 +1,5 @@
 -- The cell of the 2x2 table ("yes" is positive) of every (question, human-labelled post), with its
--- sampling probability. A post the model gave no answer for counts as a wrong answer (fn when the
+-- sampling probability and phase (two-phase designs). A post the model gave no answer for counts as a wrong answer (fn when the
 -- human said "yes", fp when "no"), so that a model is never scored on fewer, easier posts than
 -- another; answered = false marks them. A tied human label (0.5) has no cell (NULL): not compared.
 -- Cells: 0 tp, 1 fp, 2 fn, 3 tn (vidlabel.analyze.estimators.TP ...).
@@ -7,6 +7,7 @@ SELECT
     h.question,
     h.post_id,
     h.probability,
+    h.phase,
     a.answer IN ('yes', 'no') AS answered,
     CASE
         WHEN h.y NOT IN (0, 1) THEN NULL
