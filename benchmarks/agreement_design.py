@@ -9,7 +9,8 @@ human sample is drawn with probabilities steered by model A, as label_sample dra
 model's agreement is computed as aggregate computes it:
   uniform     simple random sample (stats.agreement),
   active      Poisson sample, pi from A's uncertainty, floor ``--floor-share`` (label_sample.design: active),
-  two_phase   uniform burn-in, then the mixture design chosen from it (label_sample's default),
+  two_phase   uniform burn-in, then the mixture design chosen from it (label_sample's default; both
+              phases steered by A, as when A is label_sample.model),
 and for the steered designs both unweighted (the labelled counts, as compare did before) and weighted
 by the design (estimators.weighted_agreement). A share ``--fail-share`` of B's answers fails, chosen
 among the posts B is least sure about; a failure counts as a wrong answer.
@@ -24,7 +25,7 @@ import argparse
 import time
 
 import numpy as np
-from _stats_sim import estimators, simple_random_sample, stats, two_phase_sample
+from _stats_sim import active_design, estimators, poisson_draw, simple_random_sample, stats, two_phase_sample
 
 CONFIDENCE = 0.95
 METRICS = stats.AGREEMENT_METRICS
@@ -42,8 +43,8 @@ def models(rng, n_posts: int, prevalence: float, mu: float):
 
 
 def cells(truth, says_yes):
-    """Cell per post (estimators.TP ...) with a failed answer (None -> NaN) counted as wrong."""
-    answer = np.where(np.isnan(says_yes), ~truth, says_yes.astype(bool) if says_yes.dtype == bool else says_yes > 0.5)
+    """Cell per post (estimators.TP ...); a failed answer (NaN) counts as wrong, as aggregate counts it."""
+    answer = np.where(np.isnan(says_yes), ~truth, says_yes > 0.5)
     return np.where(truth, np.where(answer, estimators.TP, estimators.FN), np.where(answer, estimators.FP, estimators.TN))
 
 
@@ -60,6 +61,8 @@ def main() -> None:
     ap.add_argument("--prevalence", type=float, default=0.3)
     ap.add_argument("--mu", type=float, default=1.0)
     ap.add_argument("--floor-share", type=float, default=0.4)
+    ap.add_argument("--burn-in-share", type=float, default=0.1)
+    ap.add_argument("--second-floor-share", type=float, default=0.2)
     ap.add_argument("--fail-share", type=float, default=0.0)
     ap.add_argument("--bootstrap", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=3)
@@ -78,12 +81,14 @@ def main() -> None:
         accuracy.append(np.mean((p_a > 0.5) == truth))
         pop = {"A": population_metrics(cells_a), "B": population_metrics(cells_b)}
         samples = {"uniform": (simple_random_sample(rng, 1, args.posts, args.labels)[0], None)}
-        pi = estimators_pi = None
-        from _stats_sim import active_design, poisson_draw
-        estimators_pi = active_design(p_a[None], args.labels, args.floor_share)[0]
-        samples["active"] = (poisson_draw(rng, estimators_pi), estimators.poisson_design)
-        samples["two_phase"] = two_phase_sample(rng, truth.astype(float), p_a, args.labels)
-        for design, (drawn, make) in samples.items():
+        pi = active_design(p_a[None], args.labels, args.floor_share)[0]
+        drawn = poisson_draw(rng, pi)
+        samples["active"] = (drawn, estimators.poisson_design(pi[drawn]))
+        burn, second, pi0, pi2, weight, _, _ = two_phase_sample(rng, truth[None].astype(float), p_a[None], args.labels,
+                                                                args.burn_in_share, args.second_floor_share)
+        drawn = burn[0] | second[0]
+        samples["two_phase"] = (drawn, estimators.two_phase_weights(burn[0][drawn], pi0[0], pi2[0][drawn], weight[0]))
+        for design, (drawn, weights) in samples.items():
             for method in (("counts",) if design == "uniform" else ("unweighted", "weighted")):
                 results = {}
                 for name, c in (("A", cells_a), ("B", cells_b)):
@@ -92,8 +97,8 @@ def main() -> None:
                         counts = np.bincount(c[drawn], minlength=4)
                         results[name] = stats.agreement(*(int(x) for x in counts), CONFIDENCE, args.bootstrap, seed)
                     else:
-                        results[name] = estimators.weighted_agreement(c[drawn], make(drawn), CONFIDENCE,
-                                                                      args.bootstrap, seed)
+                        results[name] = estimators.weighted_agreement(c[drawn], weights, CONFIDENCE, args.bootstrap,
+                                                                      seed)
                 cell = out.setdefault((design, method), {})
                 cell.setdefault("diff", []).append((results["A"]["f1"] - results["B"]["f1"])
                                                    - (pop["A"]["f1"] - pop["B"]["f1"]))

@@ -423,3 +423,99 @@ def test_small_coverage_check_of_the_reported_intervals(prevalence):
     assert np.mean((ci["lo"] <= target) & (target <= ci["hi"])) >= 0.92
     assert np.mean((h_lo <= target) & (target <= h_hi)) >= 0.92
     assert np.all(ci["hi"] - ci["lo"] > 0) and np.all(h_hi - h_lo > 0)
+
+
+# ------------------------------------------------------------------------------------------
+# Agreement under the design (issue: human labels you can rely on)
+
+def _two_models(rng, n_posts, prevalence=0.3, mu=1.0):
+    """Two equally good models: each reports P(yes) from its own independent signal of the truth."""
+    truth = rng.random(n_posts) < prevalence
+    prior = np.log(prevalence / (1 - prevalence))
+    p = [1 / (1 + np.exp(-(prior + 2 * mu * rng.normal(mu * (2 * truth - 1), 1.0)))) for _ in range(2)]
+    return truth, p[0], p[1]
+
+
+def _cells(truth, p):
+    says = p > 0.5
+    return np.where(truth, np.where(says, estimators.TP, estimators.FN), np.where(says, estimators.FP, estimators.TN))
+
+
+def test_weighted_agreement_is_unbiased_where_the_sample_follows_one_model():
+    """The sample is drawn where model A is unsure (active design, floor 0.4): counted plainly, A is
+    scored on its hardest posts and looks worse than the equally good B; weighted by the design, the
+    difference is ~0 and each model's F1 interval covers the population F1 (250 repetitions)."""
+    from vidlabel.analyze import sampling
+
+    rng = np.random.default_rng(31)
+    plain, weighted, covered = [], [], []
+    for rep in range(250):
+        truth, p_a, p_b = _two_models(rng, 5_000)
+        pi = sampling.inclusion_probabilities(sampling.post_uncertainty(p_a), 300, 0.4)
+        drawn = rng.random(pi.size) < pi
+        design = estimators.poisson_design(pi[drawn])
+        f1 = {}
+        for name, p in (("A", p_a), ("B", p_b)):
+            c = _cells(truth, p)
+            population = stats.confusion_metrics(*np.bincount(c, minlength=4))["f1"]
+            counted = stats.confusion_metrics(*np.bincount(c[drawn], minlength=4))["f1"]
+            w = estimators.weighted_agreement(c[drawn], design, 0.95, 300, seed=rep)
+            f1[name] = (population, counted, w["f1"])
+            covered.append(w["f1_lo"] <= population <= w["f1_hi"])
+        plain.append((f1["A"][1] - f1["B"][1]) - (f1["A"][0] - f1["B"][0]))
+        weighted.append((f1["A"][2] - f1["B"][2]) - (f1["A"][0] - f1["B"][0]))
+    plain, weighted = np.array(plain), np.array(weighted)
+    assert plain.mean() < -0.02 and plain.mean() < -4 * plain.std() / np.sqrt(plain.size)
+    assert abs(weighted.mean()) < 3 * weighted.std() / np.sqrt(weighted.size) and abs(weighted.mean()) < 0.01
+    assert np.mean(covered) >= 0.9
+
+
+def test_replicate_weights_give_the_design_variance():
+    rng = np.random.default_rng(4)
+    pi = rng.uniform(0.05, 0.9, 400)
+    y = rng.random(400)
+    replicates = estimators.replicate_weights(estimators.poisson_design(pi), 20_000, rng)
+    assert replicates.min() >= 0 and replicates.mean(axis=0) == pytest.approx(1 / pi, rel=0.05)
+    # the variance of a weighted total across replicates: Horvitz-Thompson's estimate for Poisson sampling
+    assert (replicates @ y).var() == pytest.approx(np.sum((1 - pi) * (y / pi) ** 2), rel=0.05)
+    # a simple random sample: resampling with replacement, multinomial counts
+    srs = estimators.replicate_weights(estimators.uniform_design(50), 20_000, rng)
+    assert np.all(srs.sum(axis=1) == 50) and (srs @ y[:50]).var() == pytest.approx(50 * y[:50].var(), rel=0.05)
+    # a post drawn with pi = 1, or counted exactly, never varies
+    exact = estimators.Design(np.zeros(3), np.array([1.0, 0.0, 2.0]), np.array([1.0, 1.0, 0.5]), np.array([0, 4.0, 0]))
+    r = estimators.replicate_weights(exact, 1000, rng)
+    assert np.all(r[:, 0] == 1.0) and np.all(r[:, 1] == 4.0) and r[:, 2].std() > 0
+
+
+def test_two_phase_estimates_by_their_definition():
+    rng = np.random.default_rng(8)
+    n_posts = 4_000
+    s = rng.beta(0.3, 0.7, n_posts)
+    y = (rng.random(n_posts) < s).astype(float)
+    f = np.clip(s + rng.normal(0, 0.1, n_posts), 0, 1)
+    burn = np.zeros(n_posts, bool)
+    burn[rng.permutation(n_posts)[:80]] = True
+    pi = np.where(burn, 0.0, np.clip(0.3 * np.sqrt(s * (1 - s)), 0.01, 1))
+    drawn = ~burn & (rng.random(n_posts) < pi)
+    pi0, a, calibrated = 80 / n_posts, 0.3, np.clip(s * 0.9 + 0.05, 0, 1)
+    est = estimators.two_phase_mean(f, y, burn, drawn, pi0, pi, a, calibrated, 0.95)
+    conditional = np.where(burn, 1.0, np.where(drawn, pi, 1.0))
+    second = estimators.active_mean(calibrated, y, burn | drawn, conditional, 0.95, lam=1.0)
+    lam = estimators.active_mean(f, y, burn | drawn, conditional, 0.95)["lambda"]
+    # the burn-in's estimate: uniform sample, lambda from the second draw, no intercept
+    z = lam * f + (y - lam * f) * burn / pi0
+    assert est["lambda"] == pytest.approx(lam)
+    first_se = z.std(ddof=1) / np.sqrt(n_posts)
+    assert est["estimate"] == pytest.approx(a * z.mean() + (1 - a) * second["estimate"], abs=1e-12)
+    assert est["se"] == pytest.approx(np.sqrt(a * a * first_se**2 + (1 - a) ** 2 * second["se"] ** 2), rel=1e-9)
+    # every label's weight in the combined estimate, and the same weights for the agreement totals
+    effective = estimators.two_phase_pi(burn, drawn, pi0, pi, a)
+    assert 1 / effective[burn] == pytest.approx(a / pi0 + 1 - a)
+    assert 1 / effective[drawn] == pytest.approx((1 - a) / pi[drawn])
+    labelled = burn | drawn
+    weights = estimators.two_phase_weights(burn[labelled], pi0, pi[labelled], a)
+    assert weights.weight == pytest.approx(1 / effective[labelled])
+    share = estimators.two_phase_share(y, burn, drawn, pi0, pi, a, 0.95)
+    hajek = estimators.hajek_share(y, conditional, 0.95, labelled)
+    assert share["estimate"] == pytest.approx(a * y[burn].mean() + (1 - a) * hajek["estimate"])
+    assert share["lo"] < share["estimate"] < share["hi"]

@@ -15,14 +15,18 @@ Choices worth knowing (also stated in summary.md):
 - Design. Without ``sampling_probability`` (or with one value for every row) the human labels are a
   uniform random sample: Wilson human-only interval, PPI++ correction (DuckDB SQL, cross-checked
   against ppi_py). With varying probabilities (an active or other known-probability design): Hajek
-  human-only share and the Horvitz-Thompson active estimator (``estimators.active_mean``).
+  human-only share and the Horvitz-Thompson active estimator (``estimators.active_mean``). A
+  two-phase sample (label_sample's default): ``estimators.two_phase_mean``. With the design file
+  (config key ``human_design``) each label's probability and phase come from it, and the shares are
+  over the posts of its frame: posts classified since are counted apart, with the model's share alone.
 - Reported corrected interval: ``stats.corrected_interval`` (t quantile on the number of events, and
   the human-only interval folded in below ``stats.MIN_EVENTS`` events); coverage in docs/statistics.md.
 - Human labels on unknown posts/questions, with unreadable labels or on excluded posts are not used;
   each is reported (summary.md, errors.csv, warning log). Several labels for one post and question
   are resolved, never dropped together: an ``adjudication`` column wins, else the majority, a tie
   counts 0.5.
-- Agreement metrics describe the labelled sample and are not weighted by sampling probabilities.
+- Agreement metrics estimate each metric over all classified posts: weighted by the design when the
+  probabilities vary; a labelled post without a model answer counts as a wrong answer.
 """
 
 from __future__ import annotations
