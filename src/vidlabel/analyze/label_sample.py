@@ -25,10 +25,9 @@ import csv
 import json
 import logging
 import sys
-from pathlib import Path
-from typing import Any
-
 from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -194,6 +193,21 @@ def burn_in_rows(con, pi_burn_in: float) -> pa.Table:
     return con.sql(duck.sql("label_sample_burn_in"), params={"pi": pi_burn_in}).to_arrow_table()
 
 
+class _Draw(NamedTuple):
+    """One run's draw: every post's pi (in its phase), drawn, coded now, phase, how it came into the
+    sample, the second draw's P(yes) (None otherwise); what the design file's description adds; the
+    burn-in's labels to pass on."""
+
+    pi: np.ndarray
+    drawn: np.ndarray
+    coded: np.ndarray
+    phase: list
+    post_design: np.ndarray
+    calibrated: list
+    metadata: dict[str, Any]
+    burn_in_rows: pa.Table | None
+
+
 def run(config: dict[str, Any], labels_path: str | Path, manifest_paths: list[str | Path],
         burn_in_path: str | Path | None, outputs: dict[str, str | Path]) -> None:
     """Draw the sample and write ``outputs``: sample (CSV), design (Parquet, ``sample_design``), burn_in
@@ -210,72 +224,88 @@ def run(config: dict[str, Any], labels_path: str | Path, manifest_paths: list[st
     model_p_yes = p_yes(probabilities, answers, ok, ids)
     uncertainty = sampling.post_uncertainty(model_p_yes)
     budget, seed, floor = float(settings["budget"]), int(settings["seed"]), floor_share(settings)
-    n_posts = len(post_ids)
-    metadata = {"design": kind, "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "labels_path": str(labels_path), "labels_sha256": sd.file_digest(labels_path), "frame_posts": n_posts,
-                "budget": budget, "seed": seed, "floor_share": floor, "questions": ids, "model": settings["model"],
-                "settings": fingerprint(config, "label_sample"), "phase": 1}
-    burn_in_table = pa.table({c: pa.array([], pa.float64() if c == "sampling_probability" else pa.string())
-                              for c in HUMAN_LABEL_COLUMNS})
-    calibrated = [None] * n_posts
     if burn_in_path and kind != sd.KIND_TWO_PHASE:
         raise SampleError(f"config key 'label_sample.burn_in' is for label_sample.design two_phase, not {kind}")
     if burn_in_path:
-        burn_in, y_burn_in = read_burn_in(con, burn_in_path, ids, question_ids(config), post_ids)
-        if not budget > burn_in.sum() or budget - burn_in.sum() > n_posts - burn_in.sum():
-            raise SampleError(f"config key 'label_sample.budget': {budget:g} labels in all must exceed the "
-                              f"{int(burn_in.sum())} of the burn-in and fit the {n_posts - int(burn_in.sum())} other posts")
-        try:
-            design = sampling.two_phase_design(model_p_yes, burn_in, y_burn_in, budget, floor)
-        except ValueError as exc:
-            raise SampleError(f"config key 'label_sample.burn_in': {burn_in_path}: {exc} "
-                              f"(questions in order: {ids})") from None
-        pi = np.where(burn_in, design.pi_burn_in, design.pi)
-        drawn = burn_in | sampling.draw(design.pi, seed)
-        phase, post_design = np.where(burn_in, 1, 2), np.where(burn_in, sd.POST_BURN_IN, sd.POST_SECOND_PHASE)
-        calibrated = design.calibrated.tolist()
-        coded = drawn & ~burn_in
-        metadata.update(phase=2, burn_in_path=str(burn_in_path), burn_in_posts=int(burn_in.sum()),
-                        pi_burn_in=design.pi_burn_in, mixture=design.mixture,
-                        combination=dict(zip(ids, design.combination)))
-        burn_in_table = burn_in_rows(con, design.pi_burn_in)
-        log.info("two-phase design, second draw: %d burn-in posts from %s; the model's P(yes) %s; mixture weight of "
-                 "the active part %.2g", int(burn_in.sum()), burn_in_path, "kept" if np.allclose(
-                     design.calibrated, np.clip(model_p_yes, 1e-6, 1 - 1e-6), equal_nan=True) else "recalibrated",
-                 design.mixture)
+        draw = _second_draw(con, config, burn_in_path, post_ids, ids, model_p_yes, budget, seed, floor)
     elif kind == sd.KIND_TWO_PHASE:
-        n_burn = sampling.burn_in_size(model_p_yes, budget, float(settings["burn_in_share"]))
-        drawn = coded = sampling.uniform_sample(n_posts, n_burn, seed)
-        pi, phase = np.full(n_posts, n_burn / n_posts), np.ones(n_posts, dtype=int)
-        post_design = np.full(n_posts, sd.POST_BURN_IN)
-        metadata.update(burn_in_posts=n_burn, pi_burn_in=n_burn / n_posts)
-        log.info("two-phase design, first draw: a uniform burn-in of %d of the %g labels. Code them, collect them "
-                 "(python -m vidlabel.analyze.label_sample collect), set label_sample.burn_in to the collected file and "
-                 "run label_sample again for the rest (docs/human_labels.md)", n_burn, budget)
+        draw = _burn_in_draw(model_p_yes, budget, seed, float(settings["burn_in_share"]))
     else:
-        if budget > n_posts:
-            raise SampleError(f"config key 'label_sample.budget': {budget:g} is more than the {n_posts} posts to sample")
-        pi = sampling.inclusion_probabilities(uncertainty, budget, floor)
-        drawn = coded = sampling.draw(pi, seed)
-        phase = np.full(n_posts, None)
-        uniform = np.ptp(pi) <= 1e-12 * pi.max()
-        post_design = np.full(n_posts, sd.POST_UNIFORM if uniform else sd.POST_ACTIVE)
+        draw = _one_draw(uncertainty, budget, seed, floor)
+    metadata = {"design": kind, "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "labels_path": str(labels_path), "labels_sha256": sd.file_digest(labels_path),
+                "frame_posts": len(post_ids), "budget": budget, "seed": seed, "floor_share": floor, "questions": ids,
+                "model": settings["model"], "settings": fingerprint(config, "label_sample"), "phase": 1,
+                **draw.metadata}
+    burn_in_table = draw.burn_in_rows if draw.burn_in_rows is not None else pa.table(
+        {c: pa.array([], pa.float64() if c == "sampling_probability" else pa.string()) for c in HUMAN_LABEL_COLUMNS})
     _write_csv(outputs["burn_in"], HUMAN_LABEL_COLUMNS, burn_in_table.to_pylist())
     sd.write_design(outputs["design"], {"post_id": post_ids, "status": status.tolist(), "uncertainty": uncertainty,
-                                        "pi": pi, "drawn": drawn, "phase": phase.tolist(),
-                                        "design": post_design.tolist(), "calibrated": calibrated}, metadata)
-    new = np.flatnonzero(coded)
+                                        "pi": draw.pi, "drawn": draw.drawn, "phase": draw.phase,
+                                        "design": draw.post_design.tolist(), "calibrated": draw.calibrated}, metadata)
+    new = np.flatnonzero(draw.coded)
     new = new[np.random.default_rng((seed, 1)).permutation(new.size)]  # coding order: a stop part-way is random
-    rows = _sample_rows(con, manifest_paths, [post_ids[i] for i in new], pi[new], post_design[new], ids, seed)
+    rows = _sample_rows(con, manifest_paths, [post_ids[i] for i in new], draw.pi[new], draw.post_design[new], ids,
+                        seed)
     _write_csv(outputs["sample"], SAMPLE_COLUMNS, rows)
     for row in rows:
         row["video"] = labelstudio.video_url(settings["video_url"], row["video_path"], config["media_root"])
     write_text(labelstudio.labelling_config(questions), outputs["ls_config"])
     write_text(json.dumps(labelstudio.tasks(rows), ensure_ascii=False, indent=1) + "\n", outputs["ls_tasks"])
-    share = pi[coded] if coded.any() else np.zeros(1)
+    share = draw.pi[draw.coded] if draw.coded.any() else np.zeros(1)
     log.info("%s design over %d posts (%d ok, %d failed): %d drawn for coding now (budget %g, floor share %g, seed "
-             "%d); drawn with pi min %.4g, median %.4g, max %.4g", kind, n_posts, int(ok.sum()), int((~ok).sum()),
-             new.size, budget, floor, seed, share.min(), float(np.median(share)), share.max())
+             "%d); drawn with pi min %.4g, median %.4g, max %.4g", kind, len(post_ids), int(ok.sum()),
+             int((~ok).sum()), new.size, budget, floor, seed, share.min(), float(np.median(share)), share.max())
+
+
+def _one_draw(uncertainty: np.ndarray, budget: float, seed: int, floor: float) -> _Draw:
+    """An active (or, at floor 1, uniform) draw in one round."""
+    n_posts = uncertainty.size
+    if budget > n_posts:
+        raise SampleError(f"config key 'label_sample.budget': {budget:g} is more than the {n_posts} posts to sample")
+    pi = sampling.inclusion_probabilities(uncertainty, budget, floor)
+    drawn = sampling.draw(pi, seed)
+    uniform = np.ptp(pi) <= 1e-12 * pi.max()
+    post_design = np.full(n_posts, sd.POST_UNIFORM if uniform else sd.POST_ACTIVE)
+    return _Draw(pi, drawn, drawn, [None] * n_posts, post_design, [None] * n_posts, {}, None)
+
+
+def _burn_in_draw(model_p_yes: np.ndarray, budget: float, seed: int, share: float) -> _Draw:
+    """The first round of a two-phase design: a uniform burn-in."""
+    n_posts = model_p_yes.shape[0]
+    n_burn = sampling.burn_in_size(model_p_yes, budget, share)
+    drawn = sampling.uniform_sample(n_posts, n_burn, seed)
+    log.info("two-phase design, first draw: a uniform burn-in of %d of the %g labels. Code them, collect them "
+             "(python -m vidlabel.analyze.label_sample collect), set label_sample.burn_in to the collected file and "
+             "run label_sample again for the rest (docs/human_labels.md)", n_burn, budget)
+    return _Draw(np.full(n_posts, n_burn / n_posts), drawn, drawn, [1] * n_posts, np.full(n_posts, sd.POST_BURN_IN),
+                 [None] * n_posts, {"burn_in_posts": n_burn, "pi_burn_in": n_burn / n_posts}, None)
+
+
+def _second_draw(con, config, burn_in_path, post_ids, ids, model_p_yes, budget, seed, floor) -> _Draw:
+    """The second round of a two-phase design, from the coded burn-in (``sampling.two_phase_design``)."""
+    burn_in, y_burn_in = read_burn_in(con, burn_in_path, ids, question_ids(config), post_ids)
+    n_burn, n_posts = int(burn_in.sum()), len(post_ids)
+    if not n_burn < budget <= n_posts:
+        raise SampleError(f"config key 'label_sample.budget': {budget:g} labels in all must exceed the {n_burn} of "
+                          f"the burn-in and fit the {n_posts} posts")
+    try:
+        design = sampling.two_phase_design(model_p_yes, burn_in, y_burn_in, budget, floor)
+    except ValueError as exc:
+        raise SampleError(f"config key 'label_sample.burn_in': {burn_in_path}: {exc} "
+                          f"(questions in order: {ids})") from None
+    kept = {qid: sampling.kept_as_given(model_p_yes[:, q], design.calibrated[:, q]) for q, qid in enumerate(ids)}
+    log.info("two-phase design, second draw: %d burn-in posts from %s; the model's P(yes) kept for %s, recalibrated "
+             "for %s; mixture weight of the active part %.2g", n_burn, burn_in_path,
+             [q for q, k in kept.items() if k] or "none", [q for q, k in kept.items() if not k] or "none",
+             design.mixture)
+    drawn = burn_in | sampling.draw(design.pi, seed)
+    return _Draw(np.where(burn_in, design.pi_burn_in, design.pi), drawn, drawn & ~burn_in,
+                 np.where(burn_in, 1, 2).tolist(), np.where(burn_in, sd.POST_BURN_IN, sd.POST_SECOND_PHASE),
+                 design.calibrated.tolist(),
+                 {"phase": 2, "burn_in_path": str(burn_in_path), "burn_in_posts": n_burn,
+                  "pi_burn_in": design.pi_burn_in, "mixture": design.mixture, "kept_model_probabilities": kept,
+                  "combination": dict(zip(ids, design.combination))}, burn_in_rows(con, design.pi_burn_in))
 
 
 def _sample_rows(con, manifest_paths, post_ids, pi, design, ids, seed) -> list[dict[str, Any]]:

@@ -187,11 +187,22 @@ def calibrate(p_yes: np.ndarray, p_burn_in: np.ndarray, y_burn_in: np.ndarray, p
     p = np.asarray(p_yes, dtype=float)
     fitted = 1 / (1 + np.exp(-(a + b * _logit(p_b))))
     share = float(np.clip(y_b.mean(), 0.5 / (y_b.size + 1), 1 - 0.5 / (y_b.size + 1)))
-    rejected = 2 * (_log_likelihood(fitted, y_b) - _log_likelihood(np.clip(p_b, 1e-6, 1 - 1e-6), y_b))
+    rejected = 2 * (_log_likelihood(fitted, y_b) - _log_likelihood(_clip(p_b), y_b))
     informative = 2 * (_log_likelihood(fitted, y_b) - _log_likelihood(np.full(y_b.size, share), y_b))
     if rejected < CALIBRATION_REJECT and informative > INFORMATIVE:
-        return np.where(np.isfinite(p), np.clip(p, 1e-6, 1 - 1e-6), np.nan)
+        return np.where(np.isfinite(p), _clip(p), np.nan)
     return np.where(np.isfinite(p), 1 / (1 + np.exp(-(a + b * _logit(p)))), np.nan)
+
+
+def _clip(p: np.ndarray) -> np.ndarray:
+    return np.clip(p, 1e-6, 1 - 1e-6)
+
+
+def kept_as_given(p_yes: np.ndarray, calibrated: np.ndarray) -> bool:
+    """Whether ``calibrate`` kept the model's own probabilities (where it has them)."""
+    p = np.asarray(p_yes, dtype=float)
+    known = np.isfinite(p)
+    return bool(np.allclose(np.asarray(calibrated)[known], _clip(p[known])))
 
 
 class TwoPhaseDesign(NamedTuple):
