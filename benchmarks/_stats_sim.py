@@ -87,11 +87,9 @@ def covers(lo, hi, target) -> np.ndarray:
 
 
 def reported(estimate, se, truth, f, labelled, human, confidence, pi=None):
-    """The reported corrected interval (stats.corrected_interval), as prevalence.py forms it: under a
-    weighted design the t quantile from the Kish-scaled events, the hull from the others."""
+    """The reported corrected interval (stats.corrected_interval), as prevalence.py forms it."""
     events = stats.sample_events(truth, f, labelled, pi)
-    support = None if pi is None else stats.sample_events(truth, f, labelled, pi, kish=False)
-    r = stats.corrected_interval(estimate, se, events, human[0], human[1], confidence, support)
+    r = stats.corrected_interval(estimate, se, events, human[0], human[1], confidence)
     return r["lo"], r["hi"]
 
 

@@ -15,8 +15,7 @@ metric computed on all N posts (agreement). Designs:
 Intervals: human (Wilson; weighted: Hajek mean, Wilson at the effective size), corrected_raw (the
 normal PPI++ / active interval), corrected (what is reported, stats.corrected_interval: a t quantile
 with events - 1 degrees of freedom, and the hull with the human interval below stats.MIN_EVENTS
-events, for a weighted design counted without Kish's share; "guarded" is the share of datasets where
-the hull was taken), and for uniform samples the agreement
+events; "guarded" is the share of datasets where the hull was taken), and for uniform samples the agreement
 metrics (Wilson: accuracy, precision, recall; bootstrap: f1, kappa; an interval the summary reports
 as n/a is not counted, its share is printed). Prints one markdown table.
 """
@@ -64,9 +63,8 @@ def prevalence_intervals(design, truth, p, labelled, pi):
         raw = (a["lo"], a["hi"])
     estimate = m["estimate"] if design.startswith("uniform") else a["estimate"]
     se = np.sqrt(m["imputed_var"] + m["rectifier_var"]) if design.startswith("uniform") else a["se"]
-    support = None if pi is None else stats.sample_events(truth, f, labelled, pi, kish=False)
     reported = stats.corrected_interval(estimate, se, stats.sample_events(truth, f, labelled, pi), human[0], human[1],
-                                        CONFIDENCE, support)
+                                        CONFIDENCE)
     return {"human": human, "corrected_raw": raw, "corrected": (reported["lo"], reported["hi"])}, reported["few"]
 
 

@@ -378,7 +378,11 @@ def test_sample_events_and_corrected_interval():
     assert stats.sample_events(y, f) == pytest.approx(min(2, 4, 0.5 + 0.2 + 1))
     pi = np.array([0.5, 0.5, 0.5, 0.5, 0.05, 0.05])
     w = 1 / pi
-    assert stats.sample_events(y, f, pi=pi) == pytest.approx(1.7 * w.sum() ** 2 / (6 * (w * w).sum()))
+    # the effective numbers (sum v)^2 / sum v^2 of positives, negatives and disagreements join the minimum:
+    # here the heavy disagreement (weight 20, f = 1 for a "no") leaves about one event
+    effective = [v.sum() ** 2 / (v * v).sum() for v in (w * y, w * (1 - y), w * np.abs(y - f))]
+    assert stats.sample_events(y, f, pi=pi) == pytest.approx(min(1.7, *effective))
+    assert min(effective) == pytest.approx(21.4**2 / (1 + 0.16 + 400))
     # enough events: t quantile, no hull
     ci = stats.corrected_interval(0.3, 0.02, 25.0, 0.1, 0.6, 0.95)
     from scipy.stats import t as student_t

@@ -179,7 +179,6 @@ def _human_and_corrected(con, qid: str, row: dict, mom: dict | None, confidence:
         row["human_share"], row["human_lo"], row["human_hi"] = h["estimate"], h["lo"], h["hi"]
         estimate, se, lam = est["estimate"], est["se"], est["lambda"]
         events = stats.sample_events(y, f, labelled, pi)
-        support = stats.sample_events(y, f, labelled, pi, kish=False)
         row["uniform_halfwidth"] = stats.z_value(confidence) * estimators.uniform_equivalent_se(f, y, labelled, pi)
     else:
         row["human_share"] = y_sum / n
@@ -189,13 +188,13 @@ def _human_and_corrected(con, qid: str, row: dict, mom: dict | None, confidence:
             notes.append(f"{n} human labels: below {FEW_LABELS_FOR_WILSON}, Wilson's coverage dips to about 93 % at "
                          "some prevalences (docs/statistics.md)")
         estimate, se, lam = mom["estimate"], math.sqrt(mom["imputed_var"] + mom["rectifier_var"]), mom["lambda"]
-        events = support = stats.sample_events(y[labelled], f[labelled])
+        events = stats.sample_events(y[labelled], f[labelled])
         row["corrected_method"] = "PPI++"
         notes += _crosscheck(con, qid, y[labelled], f[labelled], f, mom, confidence)
     if y_sum in (0, n):
         notes.append(f"every human label is \"{'no' if y_sum == 0 else 'yes'}\": the human-only interval is "
                      f"{pct(row['human_lo'])}–{pct(row['human_hi'])}, not a point")
-    ci = stats.corrected_interval(estimate, se, events, row["human_lo"], row["human_hi"], confidence, support)
+    ci = stats.corrected_interval(estimate, se, events, row["human_lo"], row["human_hi"], confidence)
     if not 0 <= estimate <= 1:
         notes.append(f"the corrected estimate {estimate:.4f} lies outside [0, 1] (the estimator is unbiased, not "
                      "bounded) and is reported clipped")
@@ -203,7 +202,7 @@ def _human_and_corrected(con, qid: str, row: dict, mom: dict | None, confidence:
     row.update({"corrected": estimate, "corrected_se": se, "lambda": lam, "events": events,
                 "corrected_lo": ci["lo"], "corrected_hi": ci["hi"]})
     if ci["few"]:
-        notes.append(f"only {support:.1f} events back the corrected interval (the fewest of labelled \"yes\", "
+        notes.append(f"only {events:.1f} events back the corrected interval (the fewest of labelled \"yes\", "
                      f"labelled \"no\" and model-human disagreements; fewer than {stats.MIN_EVENTS}): it is "
                      "widened to contain the human-only interval")
     elif design != "uniform" and events < WEIGHTED_FEW_EVENTS:

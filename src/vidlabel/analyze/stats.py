@@ -217,7 +217,7 @@ def squeeze(value):
 MIN_EVENTS = 10
 
 
-def sample_events(y, f, labelled=None, pi=None, kish: bool = True):
+def sample_events(y, f, labelled=None, pi=None):
     """The fewest of: labelled positives, labelled negatives, disagreement mass sum |y - f| (a
     probability counts by how far it is off). Vectorised over leading dimensions.
 
@@ -225,11 +225,10 @@ def sample_events(y, f, labelled=None, pi=None, kish: bool = True):
     probability carries the weight of many and the normal interval behaves as if there were fewer
     events: the effective numbers of positives, negatives and disagreements, (sum v)^2 / sum v^2 with
     v = w y, w (1 - y) and w |y - f|, join the minimum (one heavy positive the model missed counts as
-    ~1), and with ``kish`` each count is also scaled by Kish's effective share (sum w)^2 / (n sum w^2).
-    The Kish-scaled count sets the t quantile's degrees of freedom, the other one the hull
-    (``corrected_interval``): Kish's share also counts the heavy weights of posts the model is sure
-    about, which carry little of the variance, and folding the human-only interval in for them cost
-    an active design a third of its gain (docs/statistics.md).
+    ~1). Kish's effective share of all the labels, (sum w)^2 / (n sum w^2), once scaled the counts as
+    well; it also counts the heavy weights of posts the model is sure about, which carry little of
+    the variance, and cost an active or two-phase design a third of its gain where a calibrated
+    model put most labels on few posts (docs/statistics.md).
     """
     y = np.asarray(y, dtype=float)
     labelled = np.ones(y.shape, bool) if labelled is None else np.asarray(labelled, bool)
@@ -242,25 +241,20 @@ def sample_events(y, f, labelled=None, pi=None, kish: bool = True):
     if pi is not None:
         w = np.where(labelled, 1.0 / np.where(labelled, np.asarray(pi, dtype=float), 1.0), 0.0)
         with np.errstate(invalid="ignore", divide="ignore"):
-            if kish:
-                share = np.where(n > 0, w.sum(axis=-1) ** 2 / ((w * w).sum(axis=-1) * np.where(n > 0, n, 1)), 0.0)
-                events = events * share
             for v in (w * y0, w * np.where(labelled, 1.0 - y0, 0.0), w * miss):
                 total, square = v.sum(axis=-1), (v * v).sum(axis=-1)
                 events = np.minimum(events, np.where(square > 0, total**2 / np.where(square > 0, square, 1.0), 0.0))
     return squeeze(events)
 
 
-def corrected_interval(estimate, se, events, human_lo, human_hi, confidence: float,
-                       support=None) -> dict[str, Any]:
+def corrected_interval(estimate, se, events, human_lo, human_hi, confidence: float) -> dict[str, Any]:
     """The reported interval of a corrected share (uniform PPI++, the active or the two-phase estimator).
 
     - Student t quantile with ``events - 1`` degrees of freedom instead of the normal one: the
       variance rests on that many events and lambda is tuned on the same labels; this is what brings
       the coverage at 20-50 events from 0.92-0.93 up to >= 0.94 (benchmarks/interval_coverage.py).
-    - Below ``MIN_EVENTS`` events (``support``, default ``events``; a weighted design passes its count
-      without Kish's share, ``sample_events``), the hull with the human-only interval: it covers the
-      truth whenever either does, so it keeps the human-only interval's coverage where the corrected
+    - Below ``MIN_EVENTS`` events, the hull with the human-only interval: it covers the truth
+      whenever either does, so it keeps the human-only interval's coverage where the corrected
       one's normal approximation fails.
     - Clipped to [0, 1] (a share lies there; clipping keeps the coverage).
     Returns lo, hi, quantile, few (bool: the hull was taken). Vectorised.
@@ -268,11 +262,10 @@ def corrected_interval(estimate, se, events, human_lo, human_hi, confidence: flo
     from scipy.stats import t as student_t
 
     estimate, se, events = (np.asarray(x, dtype=float) for x in (estimate, se, events))
-    support = events if support is None else np.asarray(support, dtype=float)
     quantile = student_t.ppf(1 - (1 - confidence) / 2, np.maximum(events - 1, 1))
     lo = np.clip(estimate - quantile * se, 0.0, 1.0)
     hi = np.clip(estimate + quantile * se, 0.0, 1.0)
-    few = support < MIN_EVENTS
+    few = events < MIN_EVENTS
     lo = np.where(few, np.fmin(lo, human_lo), lo)
     hi = np.where(few, np.fmax(hi, human_hi), hi)
     return squeeze({"lo": lo, "hi": hi, "quantile": quantile, "few": few})

@@ -165,17 +165,21 @@ def summary_markdown(config, status_counts, prevalence_rows, agreement_rows, tok
         out.append("")
 
     out += ["## How these numbers are made", "",
-            "- Populations: the classified posts (status ok or error) for the human-only and corrected shares; "
-            "the answered posts for the model share. Excluded posts are outside both.",
+            "- Populations: the classified posts (status ok or error) for the human-only and corrected shares (with "
+            "the design file, config human_design: those of the frame the sample was drawn from; posts classified "
+            "since are described by the model alone); the answered posts for the model share. Excluded posts are "
+            "outside both.",
             "- Model share: \"yes\" / answered; posts without an answer are counted in `no_answer`, not in the share. "
             "Its interval (Wilson) reflects sampling only, not the model's errors: it is not an interval for the "
             "true share.",
             "- Human-only share: uniform sample: mean of the human labels with the Wilson interval; sample with "
             "varying `sampling_probability`: Hajek (inverse-probability) mean with Wilson's interval at the "
-            "design's effective sample size.",
+            "design's effective sample size; two-phase sample: the burn-in's mean and the second draw's Hajek mean "
+            "combined.",
             "- Corrected share: uniform sample: PPI++ with the power-tuning λ (ppi_py's estimator, computed in DuckDB "
             "SQL and cross-checked against ppi_py); varying probabilities: the active (Horvitz-Thompson) estimator "
-            "with power tuning. The prediction is the model's probability of \"yes\" when the labels carry it, else "
+            "with power tuning; two-phase sample: the burn-in's estimate and the second draw's (conditional on the "
+            "burn-in) combined with the design's weights. The prediction is the model's probability of \"yes\" when the labels carry it, else "
             "its answer as 1/0; a post without a model answer is predicted as the question's model share, so human "
             "labels on failed posts still count. λ = 0 uses the human labels alone (its interval is then a t "
             "interval, not the Wilson one), λ = 1 the model's predictions in full. The interval uses a t quantile "
