@@ -656,8 +656,10 @@ def test_posts_classified_after_the_draw_are_estimated_apart(tmp_path):
     gone = next(r for r in table if r["status"] == "ok" and r["post_id"] not in annotations)
     gone.update(status="excluded", promotes_product=None, sales_interaction=None, answer_probs=None)
     pq.write_table(pa.Table.from_pylist(table + added, schema=pq.read_schema(labels)), labels)
-    with open(human, "a", newline="") as fh:  # a label on a post outside the frame
-        fh.write("new000,promotes_product,yes,0.5,,,\n")
+    first = _read_csv(human)[0]
+    with open(human, "a", newline="") as fh:
+        fh.write("new000,promotes_product,yes,0.5,,,\n")  # a label on a post outside the frame
+        fh.write(f"{first['post_id']},sales_interaction,no,0.999,,,\n")  # another draw's probability
 
     aggregate.run(config, labels, human, tmp_path / "summary", outputs["design"])
     prevalence = {r["question"]: r for r in _read_csv(tmp_path / "summary" / "prevalence.csv")}
@@ -670,11 +672,15 @@ def test_posts_classified_after_the_draw_are_estimated_apart(tmp_path):
     assert int(row["human_n"]) == len(sample)  # the outside label is not used
     errors = {(r["stage"], r["reason"]): int(r["count"]) for r in _read_csv(tmp_path / "summary" / "errors.csv")}
     assert errors[("human_labels", "post outside the sampling frame (human_design)")] == 1
+    assert errors[("human_labels", "sampling_probability differs from human_design (another draw?)")] == 1
     md = (tmp_path / "summary" / "summary.md").read_text()
     assert "40 classified post(s) are not in its frame" in md and "1 post(s) of its frame are no longer" in md
     assert "labels.parquet is not the file the sample was drawn from" in md
     assert "classified posts of the sample's frame" in md
 
+    # A file that is not label_sample's design is refused with a message naming it.
+    with pytest.raises(HumanLabelError, match="is not a design file written by label_sample"):
+        aggregate.run(config, labels, human, tmp_path / "summary", labels)
     # Without the design file the same labels claim every classified post: the shares cover all 351.
     aggregate.run(config, labels, human, tmp_path / "plain")
     plain = {r["question"]: r for r in _read_csv(tmp_path / "plain" / "prevalence.csv")}["promotes_product"]

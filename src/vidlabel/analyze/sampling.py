@@ -14,6 +14,10 @@ tuning), which stays unbiased whatever the model's quality: only its width depen
 - pi ∝ sqrt(u), scaled to sum to the budget, mixed with a uniform floor so that pi_i >= floor_share *
   budget / N (no weight 1/pi explodes, and a post the model is sure about can still be checked), and
   clipped at 1 (the excess is spread over the others so the expected sample size stays = budget).
+- Two phases (label_sample's default): a uniform burn-in (``burn_in_size``, ``uniform_sample``) is
+  coded first; ``two_phase_design`` then checks the model's P(yes) on it (``calibrate``) and draws the
+  rest with a mixture of the uniform and the active design, its weight chosen from the burn-in. The
+  estimate combines the two phases (``estimators.two_phase_mean``).
 """
 
 from __future__ import annotations
@@ -120,8 +124,12 @@ def _platt_fit(x: np.ndarray, y: np.ndarray, penalty: float) -> np.ndarray:
     return theta
 
 
+def _clip(p: np.ndarray) -> np.ndarray:
+    return np.clip(p, 1e-6, 1 - 1e-6)
+
+
 def _logit(p: np.ndarray) -> np.ndarray:
-    p = np.clip(p, 1e-6, 1 - 1e-6)
+    p = _clip(p)
     return np.log(p / (1 - p))
 
 
@@ -192,10 +200,6 @@ def calibrate(p_yes: np.ndarray, p_burn_in: np.ndarray, y_burn_in: np.ndarray, p
     if rejected < CALIBRATION_REJECT and informative > INFORMATIVE:
         return np.where(np.isfinite(p), _clip(p), np.nan)
     return np.where(np.isfinite(p), 1 / (1 + np.exp(-(a + b * _logit(p)))), np.nan)
-
-
-def _clip(p: np.ndarray) -> np.ndarray:
-    return np.clip(p, 1e-6, 1 - 1e-6)
 
 
 def kept_as_given(p_yes: np.ndarray, calibrated: np.ndarray) -> bool:
