@@ -35,7 +35,7 @@ PREVALENCE_COLUMNS = [
 # the corrected share describing the answered posts only.
 NO_ANSWER_SHARE_ALPHA = 0.01
 # Under unequal sampling probabilities, fewer effective events than this left the reported interval
-# at 92-93 % coverage in benchmarks/interval_coverage.py when the probabilities followed the model's P(yes)
+# at 91-93 % coverage in benchmarks/interval_coverage.py when the probabilities followed the model's P(yes)
 # (0.95 or more when they followed its uncertainty, as vidlabel.analyze.sampling draws them); said in a note.
 WEIGHTED_FEW_EVENTS = 30
 # Below this many labels Wilson's coverage oscillates down to 0.93 at some prevalences
@@ -207,7 +207,7 @@ def _human_and_corrected(con, qid: str, row: dict, mom: dict | None, confidence:
                      "widened to contain the human-only interval")
     elif design != "uniform" and events < WEIGHTED_FEW_EVENTS:
         notes.append(f"{events:.1f} effective events under unequal sampling probabilities: such intervals "
-                     "covered 92-93 % in simulation when the probabilities followed the model's P(yes), 95 % or more "
+                     "covered 91-93 % in simulation when the probabilities followed the model's P(yes), 95 % or more "
                      "when they followed its uncertainty (docs/statistics.md)")
     if not np.ptp(f) > 0:
         notes.append("the model's prediction is the same for every post: lambda = 0, the corrected share rests on "
