@@ -483,7 +483,8 @@ def test_replicate_weights_give_the_design_variance():
     # the variance of a weighted total across replicates: Horvitz-Thompson's estimate for Poisson sampling
     assert (replicates @ y).var() == pytest.approx(np.sum((1 - pi) * (y / pi) ** 2), rel=0.05)
     # a simple random sample: resampling with replacement, multinomial counts
-    srs = estimators.replicate_weights(estimators.uniform_design(50), 20_000, rng)
+    srs = estimators.replicate_weights(estimators.Design(np.ones(50), np.zeros(50), np.ones(50), np.zeros(50)), 20_000,
+                                       rng)
     assert np.all(srs.sum(axis=1) == 50) and (srs @ y[:50]).var() == pytest.approx(50 * y[:50].var(), rel=0.05)
     # a post drawn with pi = 1, or counted exactly, never varies
     exact = estimators.Design(np.zeros(3), np.array([1.0, 0.0, 2.0]), np.array([1.0, 1.0, 0.5]), np.array([0, 4.0, 0]))

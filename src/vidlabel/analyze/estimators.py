@@ -252,12 +252,6 @@ class Design(NamedTuple):
         return self.srs_weight + self.poisson_weight + self.fixed_weight
 
 
-def uniform_design(n: int) -> Design:
-    """A simple random sample of ``n`` posts (weights 1: ratios do not depend on the scale)."""
-    zero = np.zeros(n)
-    return Design(np.ones(n), zero, np.ones(n), zero)
-
-
 def poisson_design(pi) -> Design:
     """Each labelled post drawn independently with probability ``pi``: weight 1/pi."""
     pi = np.asarray(pi, dtype=float)
