@@ -14,8 +14,8 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from vidlabel import stats  # noqa: E402
-from vidlabel.analyze import aggregate, sampling
+from vidlabel.analyze import estimators, sampling, stats  # noqa: E402
+from vidlabel.analyze.prevalence import ppi_moments_from_items  # noqa: E402
 
 
 def population(rng, reps: int, n_posts: int, prevalence: float, concentration: float, model: str):
@@ -77,7 +77,7 @@ def uniform_ppi(truth: np.ndarray, f: np.ndarray, labelled: np.ndarray) -> dict[
         "y": pa.array(np.where(labelled, truth, np.nan).ravel(), from_pandas=True),
         "r": pa.array(np.where(labelled, 1.0, np.nan).ravel(), from_pandas=True),
     })
-    moments = aggregate.ppi_moments_from_items(items)
+    moments = ppi_moments_from_items(items)
     keys = ("estimate", "imputed_var", "rectifier_var", "lambda")
     return {k: np.array([moments[i][k] for i in range(reps)], dtype=float) for k in keys}
 
@@ -86,5 +86,40 @@ def covers(lo, hi, target) -> np.ndarray:
     return (lo <= target) & (target <= hi)
 
 
+def reported(estimate, se, truth, f, labelled, human, confidence, pi=None):
+    """The reported corrected interval (stats.corrected_interval), as prevalence.py forms it."""
+    events = stats.sample_events(truth, f, labelled, pi)
+    r = stats.corrected_interval(estimate, se, events, human[0], human[1], confidence)
+    return r["lo"], r["hi"]
+
+
+def two_phase_sample(rng, truth: np.ndarray, p: np.ndarray, budget: int, burn_in_share: float, floor_share: float):
+    """label_sample's two-phase design on R datasets (arrays (R, N)): a uniform burn-in of
+    sampling.burn_in_size posts, then sampling.two_phase_design's draw. Returns (burn_in, drawn,
+    pi_burn_in (R,), pi (R, N), combination (R,), mixture (R,))."""
+    reps, n_posts = truth.shape
+    burn = np.zeros((reps, n_posts), bool)
+    pi, calibrated = np.zeros((reps, n_posts)), np.zeros((reps, n_posts))
+    pi_burn_in, combination, mixture = np.empty(reps), np.empty(reps), np.empty(reps)
+    for r in range(reps):
+        n0 = sampling.burn_in_size(p[r], budget, burn_in_share)
+        burn[r] = sampling.uniform_sample(n_posts, n0, int(rng.integers(2**32)))
+        design = sampling.two_phase_design(p[r], burn[r], truth[r][burn[r]], budget, floor_share)
+        pi[r], pi_burn_in[r], combination[r], mixture[r] = (design.pi, design.pi_burn_in, design.combination[0],
+                                                             design.mixture)
+        calibrated[r] = design.calibrated[:, 0]
+    return burn, poisson_draw(rng, pi), pi_burn_in, pi, combination, calibrated, mixture
+
+
+def two_phase_interval(truth, f, burn, drawn, pi_burn_in, pi, combination, calibrated, confidence):
+    """The two-phase estimate and its reported interval, as prevalence.py forms them."""
+    est = estimators.two_phase_mean(f, truth, burn, drawn, pi_burn_in, pi, combination, calibrated, confidence)
+    human = estimators.two_phase_share(truth, burn, drawn, pi_burn_in, pi, combination, confidence)
+    effective = estimators.two_phase_pi(burn, drawn, pi_burn_in, pi, combination)
+    lo, hi = reported(est["estimate"], est["se"], truth, f, burn | drawn, (human["lo"], human["hi"]), confidence,
+                      effective)
+    return est, lo, hi
+
+
 __all__ = ["population", "simple_random_sample", "active_design", "score_design", "poisson_draw", "uniform_ppi",
-           "covers", "stats", "sampling"]
+           "covers", "reported", "two_phase_sample", "two_phase_interval", "estimators", "stats", "sampling"]

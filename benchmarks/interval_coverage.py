@@ -29,6 +29,7 @@ import numpy as np
 from _stats_sim import (
     active_design,
     covers,
+    estimators,
     poisson_draw,
     population,
     score_design,
@@ -56,9 +57,9 @@ def prevalence_intervals(design, truth, p, labelled, pi):
         raw = (np.clip(m["estimate"] - half, 0, 1), np.clip(m["estimate"] + half, 0, 1))
     else:
         f = p
-        h = stats.hajek_share(truth, pi, CONFIDENCE, labelled)
+        h = estimators.hajek_share(truth, pi, CONFIDENCE, labelled)
         human = (h["lo"], h["hi"])
-        a = stats.active_mean(f, truth, labelled, pi, CONFIDENCE)
+        a = estimators.active_mean(f, truth, labelled, pi, CONFIDENCE)
         raw = (a["lo"], a["hi"])
     estimate = m["estimate"] if design.startswith("uniform") else a["estimate"]
     se = np.sqrt(m["imputed_var"] + m["rectifier_var"]) if design.startswith("uniform") else a["se"]

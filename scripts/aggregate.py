@@ -6,4 +6,5 @@ from vidlabel.core.settings import for_job
 configure(snakemake.log[0])
 config = for_job(snakemake.config, "aggregate", snakemake.wildcards.model)
 human = snakemake.input.human_labels[0] if snakemake.input.human_labels else None
-run(config, snakemake.input.labels, human, snakemake.params.summary_dir)
+design = snakemake.input.human_design[0] if snakemake.input.human_design else None
+run(config, snakemake.input.labels, human, snakemake.params.summary_dir, design)

@@ -139,9 +139,10 @@ def _compare(world, models, human, cfg=None):
 
 
 def _confusion(model, human, question="promotes_product"):
-    """tp, fp, fn, tn of a model's answers against the human labels, on the labelled posts it answered."""
-    pairs = np.array([(y, model["answers"][i][question] == "yes") for i, y in human.items()
-                      if model["answers"].get(i)], dtype=float)
+    """tp, fp, fn, tn of a model's answers against the human labels, on every labelled post: a post the
+    model gave no answer for is its wrong answer."""
+    pairs = np.array([(y, model["answers"][i][question] == "yes" if model["answers"].get(i) else 1 - y)
+                      for i, y in human.items()], dtype=float)
     y, m = pairs[:, 0], pairs[:, 1]
     return [int(np.sum(a * b)) for a, b in ((y, m), (1 - y, m), (y, 1 - m), (1 - y, 1 - m))]
 
@@ -169,8 +170,9 @@ def test_compare_two_models_every_file_checked(world):
     for model in (lax, strict):
         tp, fp, fn, tn = _confusion(model, labels)
         r = rows[(model["name"], "promotes_product")]
-        assert [int(r["agreement_n"])] == [tp + fp + fn + tn]
-        assert int(r["agreement_n"]) == sum(1 for i in labels if model["answers"][i])  # failed posts not compared
+        assert [int(r["agreement_n"])] == [tp + fp + fn + tn] == [len(labels)]  # the same posts for every model
+        failed = sum(1 for i in labels if not model["answers"][i])
+        assert failed > 0 and int(r["agreement_no_answer"]) == failed and r["agreement_design"] == "uniform"
         expected = {"precision": tp / (tp + fp), "recall": tp / (tp + fn), "f1": 2 * tp / (2 * tp + fp + fn),
                     "kappa": _kappa(tp, fp, fn, tn)}
         for key, value in expected.items():
@@ -317,7 +319,9 @@ def test_compare_a_model_whose_every_post_failed_and_a_question_without_disagree
     out = _compare(world, [lax, strict, dead], human)
     rows = {(r["model"], r["question"]): r for r in _read_csv(out / "models.csv")}
     assert rows[("dead", "promotes_product")]["answered"] == "0"
-    assert rows[("dead", "promotes_product")]["f1"] == "" and rows[("dead", "promotes_product")]["agreement_n"] == "0"
+    # every labelled post is a wrong answer of the dead model: F1 0, never left out of the comparison
+    assert _f(rows[("dead", "promotes_product")]["f1"]) == 0
+    assert int(rows[("dead", "promotes_product")]["agreement_n"]) == len(labels)
     assert rows[("dead", "promotes_product")]["gpu_hours"] != ""  # its failed requests still took time
     pairs = {(p["question"], p["model_a"], p["model_b"]): p for p in _read_csv(out / "model_agreement.csv")}
     assert len(pairs) == 6
@@ -429,3 +433,28 @@ def test_compare_draws_a_placeholder_when_nothing_can_be_drawn(world, monkeypatc
     assert _read_csv(out / "disagreements.csv") == []  # nobody answered: nothing to compare
     md = (out / "compare.md").read_text()
     assert md.count("answered none of the") == 4 and "never both answered a post" in md
+
+
+def test_a_model_that_fails_on_the_posts_it_would_get_wrong_is_not_flattered(world):
+    """B answers as A does, but its requests fail exactly where A is wrong: counted as wrong answers, B's
+    figures equal A's (scored only on the posts it answered, as before, B's F1 was 1)."""
+    human, labels = _human(world)
+
+    def a_answers(i):
+        wrong = i % 4 == 0
+        return {"promotes_product": "yes" if bool(world["truth"][i]) != wrong else "no", "shows_face": "no"}
+
+    a = _aggregate(_model(world, LAX, yes_if_true=0, yes_if_false=0, answer_all=a_answers), human)
+    b = _aggregate(_model(world, STRICT, yes_if_true=0, yes_if_false=0,
+                          answer_all=lambda i: None if i % 4 == 0 else a_answers(i)), human)
+    out = _compare(world, [a, b], human)
+    rows = {r["model"]: r for r in _read_csv(out / "models.csv") if r["question"] == "promotes_product"}
+    wrong_labelled = sum(1 for i in labels if i % 4 == 0)
+    assert wrong_labelled > 10 and int(rows[STRICT]["agreement_no_answer"]) == wrong_labelled
+    # A's wrong answer and B's failure fall in the same cell (fn for a human "yes", fp for a "no")
+    for metric in ("accuracy", "precision", "recall", "f1", "kappa"):
+        assert _f(rows[STRICT][metric]) == pytest.approx(_f(rows[LAX][metric])), metric
+    assert _f(rows[STRICT]["f1"]) < 0.9
+    md = (out / "compare.md").read_text()
+    assert f"the {wrong_labelled:,} it gave no answer for counted as wrong answers" in md
+    assert "agrees better" not in md

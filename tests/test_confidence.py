@@ -1,7 +1,10 @@
 """Answer probabilities from hand-built vLLM log-probability lists (docs: vidlabel.serve.confidence)."""
 
+import functools
+import json
 import math
 
+import numpy as np
 import pytest
 
 from vidlabel.prepare import prompt
@@ -64,8 +67,9 @@ def test_the_same_distribution_under_another_tokenisation_gives_the_same_probabi
 
 
 def test_several_questions_with_keys_split_across_tokens():
+    start_q1 = {"y": 0.1, "ye": 0.2, "yes": 0.3, "no": 0.4}  # no other way to spell q1's "no": q2 fully observed
     start_q2 = {"n": 0.5, "no": 0.3, 'no"}': 0.1, "y": 0.1}
-    content = _content('{"', "q", '1":"', ("no", YES_NO_START), '","', "q", "2", '":"', ("no", start_q2), '"}')
+    content = _content('{"', "q", '1":"', ("no", start_q1), '","', "q", "2", '":"', ("no", start_q2), '"}')
     assert _text(content) == '{"q1":"no","q2":"no"}'
     probs, missing = answer_probabilities(content, Q12)
     assert missing == {}
@@ -183,3 +187,125 @@ def test_request_asks_for_as_many_alternatives_as_vllm_allows_by_default():
     assert logprobs_request() == {"logprobs": True, "top_logprobs": confidence.MAX_TOP_LOGPROBS}
     assert logprobs_request(5) == {"logprobs": True, "top_logprobs": 5} and logprobs_request(0) == {}
     assert confidence.MAX_TOP_LOGPROBS == 20
+
+
+# --------------------------------------------------------------------------------------------
+# Alternatives at positions before the value (issue: answer_probs drop them)
+
+def test_an_alternative_before_the_value_that_decides_the_answer_is_counted():
+    # The constructed worst case: '":"' (0.4) was chosen, after it "yes" is almost sure (0.998), but at
+    # the same position '":"no' (0.6) already decides "no". P(yes) = 0.4 x 0.998, not 0.998.
+    content = _content('{"', "q1", ('":"', {'":"': 0.4, '":"no': 0.6}), ("yes", {"yes": 0.998, "no": 0.002}), '"}')
+    probs, missing = answer_probabilities(content, Q1)
+    assert missing == {}
+    assert probs["q1"]["yes"] == pytest.approx(0.4 * 0.998)
+
+
+def test_tokenisation_variants_before_the_value_are_apportioned_and_bounded():
+    # '":' (0.1) spells the same text as the chosen '":"' but its continuation was never computed.
+    content = _content('{"', "q1", ('":"', {'":"': 0.9, '":': 0.1}), ("yes", {"yes": 0.7, "no": 0.3}), '"}')
+    dist = confidence.answer_distributions(content, Q1).by_question["q1"]
+    assert dist.probs == pytest.approx({"yes": 0.7, "no": 0.3})
+    assert dist.unresolved == pytest.approx(0.1)
+    # Above max_unresolved the question gets no probabilities, whichever position the share sits at.
+    content = _content('{"', "q1", ('":"', {'":"': 0.6, '":': 0.4}), ("yes", {"yes": 0.7, "no": 0.3}), '"}')
+    probs, missing = answer_probabilities(content, Q1)
+    assert probs == {} and "40%" in missing["q1"]
+
+
+def test_an_earlier_answer_conditions_the_next_question_and_its_variants_are_bounded():
+    # q2's probabilities are conditional on q1's answer ("no"): q1's alternatives that spell "yes" are
+    # another path, left out; "n" (another tokenisation of q1's "no") leaves q2 unobserved there.
+    q1_start = {"yes": 0.3, "no": 0.6, "n": 0.1}
+    content = _content('{"', "q1", '":"', ("no", q1_start), '","', "q2", '":"', ("yes", {"yes": 0.8, "no": 0.2}),
+                       '"}')
+    dist = confidence.answer_distributions(content, Q12).by_question
+    assert dist["q1"].probs == pytest.approx({"yes": 0.3, "no": 0.7}) and dist["q1"].unresolved == 0
+    assert dist["q2"].probs == pytest.approx({"yes": 0.8, "no": 0.2})
+    assert dist["q2"].unresolved == pytest.approx(0.1 / 0.7)
+
+
+# A small JSON-schema-like grammar: two yes/no questions, compact JSON. Every token path is enumerated
+# to get the model's exact probabilities. RICH_VOCAB spells every piece in several ways (single
+# characters included); in SPARSE_VOCAB the text before q1's value has one spelling, and the only
+# alternatives before it ('":"y', '":"n') already decide q1: q1's probabilities are exact there.
+RICH_VOCAB = ('{', '{"', '"', 'q', '1', '2', 'q1', 'q2', ':', '":', '":"', '":"y', '":"n', '":"yes', '":"no',
+              ',', '",', '","', '","q', 'y', 'e', 's', 'ye', 'es', 'yes', 'yes"', 'n', 'o', 'no', 'no"', '}', '"}')
+SPARSE_VOCAB = ('{"q1', '":"', '":"y', '":"n', 'yes', 'no', 'es', 'o', '","q2', '"}')
+GRAMMAR_TEXTS = [f'{{"q1":"{a}","q2":"{b}"}}' for a in ("yes", "no") for b in ("yes", "no")]
+
+
+@functools.lru_cache(maxsize=None)
+def _node_probabilities(vocab, text, last, rng_seed, canonical):
+    """The model's next-token distribution after ``text`` whose last token was ``last``, renormalised
+    over the tokens the grammar allows: random logits drawn from (text, last token), so that the same
+    text reached by another tokenisation continues differently, plus ``canonical`` per character on each
+    allowed token (a trained model prefers the usual, longer tokens)."""
+    allowed = [t for t in vocab if any(full.startswith(text + t) for full in GRAMMAR_TEXTS)]
+    key = [rng_seed, len(text), *text.encode(), vocab.index(last) if last else len(vocab)]
+    logits = np.random.default_rng(key).normal(0, 1.5, len(allowed)) + canonical * np.array([len(t) for t in allowed])
+    p = np.exp(logits - logits.max())
+    return dict(zip(allowed, p / p.sum()))
+
+
+def _exact(vocab, rng_seed, canonical):
+    """P(q1 = a, q2 = b) over every complete token path (by recursion over (text, last token), which
+    is all the model's distribution depends on)."""
+
+    @functools.lru_cache(maxsize=None)
+    def finish(text, last):
+        if text in GRAMMAR_TEXTS:
+            answers = json.loads(text)
+            return {(answers["q1"], answers["q2"]): 1.0}
+        out = {}
+        for token, p in _node_probabilities(vocab, text, last, rng_seed, canonical).items():
+            for key, q in finish(text + token, token).items():
+                out[key] = out.get(key, 0.0) + p * q
+        return out
+
+    return finish("", None)
+
+
+def _sampled_content(vocab, rng_seed, canonical, path_seed):
+    """One path drawn from the model, as vLLM reports it (every allowed token in top_logprobs)."""
+    rng = np.random.default_rng(path_seed)
+    text, last, content = "", None, []
+    while text not in GRAMMAR_TEXTS:
+        dist = _node_probabilities(vocab, text, last, rng_seed, canonical)
+        tokens = list(dist)
+        token = tokens[rng.choice(len(tokens), p=np.array(list(dist.values())))]
+        content.append({"token": token, "logprob": math.log(dist[token]), "bytes": list(token.encode()),
+                        "top_logprobs": [{"token": t, "logprob": math.log(p), "bytes": list(t.encode())}
+                                         for t, p in sorted(dist.items(), key=lambda kv: -kv[1])]})
+        text, last = text + token, token
+    return content, json.loads(text)
+
+
+@pytest.mark.parametrize("vocab, canonical", [(RICH_VOCAB, 0.0), (RICH_VOCAB, 1.0), (RICH_VOCAB, 3.0),
+                                              (SPARSE_VOCAB, 0.0)])
+def test_brute_force_grammar_probabilities_lie_within_the_reported_bound(vocab, canonical):
+    """On each of 40 sampled paths per case, every question's probabilities lie within the unresolved
+    share of the exact ones (q1: its marginal; q2: conditional on q1's answer), and equal them where
+    nothing is unresolved."""
+    worst_gap, exact_cases = 0.0, 0
+    for rng_seed in range(4):
+        joint = _exact(vocab, rng_seed, canonical)
+        assert sum(joint.values()) == pytest.approx(1)
+        for path_seed in range(10):
+            content, answers = _sampled_content(vocab, rng_seed, canonical, path_seed)
+            dist = confidence.answer_distributions(content, Q12).by_question
+            p_q1 = {a: sum(v for (x, _), v in joint.items() if x == a) for a in ("yes", "no")}
+            given = {b: joint[(answers["q1"], b)] / p_q1[answers["q1"]] for b in ("yes", "no")}
+            for qid, exact in (("q1", p_q1), ("q2", given)):
+                d = dist[qid]
+                gap = max(abs(d.probs[c] - exact[c]) for c in exact)
+                assert gap <= d.unresolved + 1e-9, (rng_seed, path_seed, qid, d, exact)
+                if d.unresolved == 0:
+                    assert gap < 1e-9, (rng_seed, path_seed, qid, d, exact)
+                    exact_cases += 1
+                worst_gap = max(worst_gap, gap)
+            assert answer_probabilities(content, Q12).probs.get("q1") == (
+                dist["q1"].probs if dist["q1"].unresolved <= confidence.MAX_UNRESOLVED else None)
+    assert worst_gap > 0.01  # the paths do disagree with the exact probabilities: the bound is needed
+    # With SPARSE_VOCAB, a path that took '":"' observed every way q1 can go: nothing is apportioned.
+    assert (exact_cases > 0) == (vocab is SPARSE_VOCAB)

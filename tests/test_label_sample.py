@@ -11,11 +11,11 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import default_model_dir, run_snakemake, write_overlay
 
-from vidlabel.analyze import aggregate, labelstudio, sampling
-from vidlabel.analyze.aggregate import load_human_labels
+from vidlabel.analyze import aggregate, labelstudio, sample_design, sampling
+from vidlabel.analyze.humans import HumanLabelError, load_human_labels
 from vidlabel.analyze.label_sample import (
     FLOOR_SHARE_ACTIVE,
-    FLOOR_SHARE_AFTER_BURN_IN,
+    FLOOR_SHARE_SECOND_PHASE,
     SampleError,
     collect,
     run,
@@ -102,12 +102,16 @@ def _read_csv(path):
 
 
 def test_design_follows_the_model_uncertainty_and_covers_failed_posts(tmp_path):
-    config = _config(tmp_path, budget=60, floor_share=0.2, seed=7)
+    config = _config(tmp_path, budget=60, floor_share=0.2, seed=7, design="active")
     labels, manifest, truth = _results(tmp_path)
     outputs = _outputs(tmp_path)
     run(config, labels, manifest, None, outputs)
 
     design = pq.read_table(outputs["design"]).to_pylist()
+    _, metadata = sample_design.read_design(outputs["design"])
+    assert metadata["design"] == "active" and metadata["frame_posts"] == 312 and metadata["seed"] == 7
+    assert metadata["labels_sha256"] == sample_design.file_digest(labels) and metadata["labels_path"] == str(labels)
+    assert metadata["created_at"].startswith("20") and {r["phase"] for r in design} == {None}
     population = [p for p, t in truth.items() if t is not None or p < "p0312"]
     assert [r["post_id"] for r in design] == population  # ok and error posts, labels.parquet's order
     p_yes = np.array([truth[p] if truth[p] is not None else [np.nan] * len(IDS) for p in population])
@@ -171,7 +175,7 @@ def test_same_seed_same_sample_other_seed_other_sample(tmp_path):
 def test_floor_share_one_draws_a_uniform_sample(tmp_path):
     labels, manifest, _ = _results(tmp_path)
     outputs = _outputs(tmp_path)
-    run(_config(tmp_path, budget=31.2, floor_share=1), labels, manifest, None, outputs)
+    run(_config(tmp_path, budget=31.2, design="uniform"), labels, manifest, None, outputs)
     design = pq.read_table(outputs["design"]).to_pylist()
     assert {r["design"] for r in design} == {"uniform"}
     np.testing.assert_allclose([r["pi"] for r in design], 31.2 / len(design))
@@ -181,7 +185,7 @@ def test_floor_share_one_draws_a_uniform_sample(tmp_path):
 def test_without_answer_probs_answered_posts_share_one_uncertainty(tmp_path):
     labels, manifest, _ = _results(tmp_path, probabilities=False)
     outputs = _outputs(tmp_path)
-    run(_config(tmp_path, budget=50), labels, manifest, None, outputs)
+    run(_config(tmp_path, budget=50, design="active"), labels, manifest, None, outputs)
     design = pq.read_table(outputs["design"]).to_pylist()
     ok = [r for r in design if r["status"] == "ok"]
     failed = [r for r in design if r["status"] == "error"]
@@ -250,7 +254,7 @@ def _model_p_yes(truth, post_ids):
     return np.array([truth[p] if truth[p] is not None else [np.nan] * len(IDS) for p in post_ids])
 
 
-def test_burn_in_design_recalibrates_on_resolved_labels_and_records_union_probabilities(tmp_path):
+def test_second_draw_after_a_burn_in_follows_the_two_phase_design_on_resolved_labels(tmp_path):
     labels, manifest, truth = _results(tmp_path)
     coded = [f"p{i:04d}" for i in range(0, 312, 8)] + ["p0301"]  # 40 posts, one failed post among them
     tie, adjudicated = coded[1], coded[2]
@@ -266,8 +270,8 @@ def test_burn_in_design_recalibrates_on_resolved_labels_and_records_union_probab
          "adjudication": flip[first[(adjudicated, "sales_interaction")]]},
         {"post_id": "nobody", "question": "promotes_product", "label": "yes"}])  # unknown post: not used
     outputs = _outputs(tmp_path)
-    config = _config(tmp_path, budget=45, seed=4, burn_in=str(burn_in))
-    assert config["label_sample"]["floor_share"] is None  # the schema default: chosen by design
+    config = _config(tmp_path, budget=85, seed=4, burn_in=str(burn_in))
+    assert config["label_sample"]["floor_share"] is None and config["label_sample"]["design"] == "two_phase"
     run(config, labels, manifest, burn_in, outputs)
 
     design = pq.read_table(outputs["design"]).to_pylist()
@@ -278,51 +282,96 @@ def test_burn_in_design_recalibrates_on_resolved_labels_and_records_union_probab
     assert resolved[(adjudicated, "sales_interaction")] == (1.0 if flip[first[(adjudicated, "sales_interaction")]]
                                                              == "yes" else 0.0)
     y = np.array([[resolved[(p, q)] for q in IDS] for p in post_ids if p in coded])
-    expected_pi, expected_draw = sampling.burn_in_design(_model_p_yes(truth, post_ids), mask, y, len(coded) + 45,
-                                                         FLOOR_SHARE_AFTER_BURN_IN)
+    expected = sampling.two_phase_design(_model_p_yes(truth, post_ids), mask, y, 85, FLOOR_SHARE_SECOND_PHASE)
     pi = np.array([r["pi"] for r in design])
-    np.testing.assert_allclose(pi, expected_pi)
-    np.testing.assert_allclose([r["pi_draw"] for r in design], expected_draw)
-    assert pi[~mask].sum() > 45 and np.all(pi[mask] < 1)  # union probabilities, not 1 for the burn-in
-    # The tie enters the recalibration as 0.5: leaving it out gives another design.
+    np.testing.assert_allclose(pi, np.where(mask, len(coded) / len(post_ids), expected.pi))
+    assert expected.pi[~mask].sum() == pytest.approx(85 - len(coded)) and np.all(expected.pi[mask] == 0)
+    # The tie enters the calibration as 0.5: leaving it out gives another design.
     y_without_tie = y.copy()
     y_without_tie[list(np.flatnonzero(mask)).index(post_ids.index(tie)), 0] = np.nan
-    other, _ = sampling.burn_in_design(_model_p_yes(truth, post_ids), mask, y_without_tie, len(coded) + 45,
-                                       FLOOR_SHARE_AFTER_BURN_IN)
-    assert not np.allclose(other, pi)
+    other = sampling.two_phase_design(_model_p_yes(truth, post_ids), mask, y_without_tie, 85, FLOOR_SHARE_SECOND_PHASE)
+    assert other.combination != expected.combination or not np.allclose(other.pi, expected.pi)
     drawn = np.array([r["drawn"] for r in design])
-    np.testing.assert_array_equal(drawn, mask | sampling.draw(expected_draw, 4))
-    assert [r["design"] for r in design] == ["burn_in" if m else "after_burn_in" for m in mask]
+    np.testing.assert_array_equal(drawn, mask | sampling.draw(expected.pi, 4))
+    assert [r["design"] for r in design] == ["burn_in" if m else "second_phase" for m in mask]
+    assert [r["phase"] for r in design] == [1 if m else 2 for m in mask]
+    _, metadata = sample_design.read_design(outputs["design"])
+    assert metadata["phase"] == 2 and metadata["burn_in_posts"] == len(coded) and metadata["burn_in_path"] == str(burn_in)
+    assert metadata["combination"] == pytest.approx(dict(zip(IDS, expected.combination)))
+    assert metadata["pi_burn_in"] == pytest.approx(len(coded) / len(post_ids))
+    assert metadata["mixture"] == expected.mixture
 
     sample = _read_csv(outputs["sample"])
     assert sorted(r["post_id"] for r in sample) == sorted(p for p, d, m in zip(post_ids, drawn, mask) if d and not m)
     by_post = {r["post_id"]: r for r in design}
-    assert all(float(r["pi"]) == pytest.approx(by_post[r["post_id"]]["pi"]) and r["design"] == "after_burn_in"
+    assert all(float(r["pi"]) == pytest.approx(by_post[r["post_id"]]["pi"]) and r["design"] == "second_phase"
                for r in sample)
 
-    # Every usable burn-in row, coder by coder, with its post's union pi; aggregate resolves them again.
+    # Every usable burn-in row, coder by coder, with the burn-in's probability n0/N and phase 1; aggregate
+    # resolves them again.
     burn_rows = _read_csv(outputs["burn_in"])
     source = [r for r in _read_csv(burn_in) if r["post_id"] != "nobody"]
     assert [(r["post_id"], r["question"], r["adjudication"]) for r in burn_rows] == [
         (r["post_id"], r["question"], r["adjudication"]) for r in source]
     assert [r["label"] for r in burn_rows] == [{"1": "yes", "0": "no"}.get(r["label"], r["label"]) for r in source]
-    assert all(float(r["sampling_probability"]) == pytest.approx(by_post[r["post_id"]]["pi"]) for r in burn_rows)
+    assert all(float(r["sampling_probability"]) == pytest.approx(len(coded) / len(post_ids)) and r["phase"] == "1"
+               for r in burn_rows)
     assert _resolved(outputs["burn_in"], set(post_ids)) == resolved
 
 
-def test_burn_in_labels_of_a_question_not_coded_again_keep_the_burn_in_probability(tmp_path):
-    labels, manifest, _ = _results(tmp_path)
-    coded = [f"p{i:04d}" for i in range(0, 300, 10)]
-    burn_in = _burn_in_file(tmp_path / "uniform.csv", coded)
+def test_two_phase_design_draws_the_burn_in_first_then_the_rest(tmp_path):
+    """The default design in two runs: a uniform burn-in, coded and collected; then, with its labels as
+    label_sample.burn_in, the second draw; aggregate with the design file gives the two-phase estimate."""
+    labels, manifest, truth = _results(tmp_path, n_ok=600, n_error=10, n_excluded=5, seed=3)
     outputs = _outputs(tmp_path)
-    run(_config(tmp_path, budget=30, burn_in=str(burn_in), questions=["promotes_product"]), labels, manifest,
-        burn_in, outputs)
-    design = {r["post_id"]: r["pi"] for r in pq.read_table(outputs["design"]).to_pylist()}
-    rows = _read_csv(outputs["burn_in"])
-    assert {r["question"] for r in rows} == set(IDS)
-    for r in rows:  # the new draw codes promotes_product only: sales_interaction's sample is the burn-in
-        expected = design[r["post_id"]] if r["question"] == "promotes_product" else len(coded) / len(design)
-        assert float(r["sampling_probability"]) == pytest.approx(expected)
+    config = _config(tmp_path, budget=120, seed=5)
+    run(config, labels, manifest, None, outputs)
+    design = pq.read_table(outputs["design"]).to_pylist()
+    _, metadata = sample_design.read_design(outputs["design"])
+    n_burn = sampling.burn_in_size(_model_p_yes(truth, [r["post_id"] for r in design]), 120, 0.1)
+    assert metadata["design"] == "two_phase" and metadata["phase"] == 1 and metadata["burn_in_posts"] == n_burn
+    assert sum(r["drawn"] for r in design) == n_burn and {r["phase"] for r in design} == {1}
+    assert all(r["pi"] == pytest.approx(n_burn / len(design)) for r in design)
+    sample = _read_csv(outputs["sample"])
+    assert len(sample) == n_burn and {r["design"] for r in sample} == {"burn_in"}
+
+    def coded(rows, seed):
+        rng = np.random.default_rng(seed)
+        return {r["post_id"]: [_annotation(i, 1, {q: "yes" if rng.random() < 0.4 else "no" for q in IDS})]
+                for i, r in enumerate(rows)}
+
+    export = tmp_path / "burn_in_export.json"
+    export.write_text(json.dumps(_export(outputs["ls_tasks"], coded(sample, 1))))
+    burn_in = tmp_path / "burn_in_labels_collected.csv"
+    rows = collect(outputs["design"].parent, export, burn_in)
+    assert {r["phase"] for r in rows} == {1} and len(rows) == 2 * n_burn
+
+    config = _config(tmp_path, budget=120, seed=5, burn_in=str(burn_in))
+    run(config, labels, manifest, burn_in, outputs)
+    _, metadata = sample_design.read_design(outputs["design"])
+    assert metadata["phase"] == 2 and metadata["burn_in_posts"] == n_burn
+    second = _read_csv(outputs["sample"])
+    assert second and {r["design"] for r in second} == {"second_phase"}
+    assert not {r["post_id"] for r in second} & {r["post_id"] for r in sample}
+    export.write_text(json.dumps(_export(outputs["ls_tasks"], coded(second, 2))))
+    human = tmp_path / "human_labels.csv"
+    collected = collect(outputs["design"].parent, export, human)
+    assert sorted({r["phase"] for r in collected}, key=str) == ["1", 2]  # burn-in rows read back from CSV
+
+    with pytest.raises(HumanLabelError, match="set config key human_design"):
+        aggregate.run(config, labels, human, tmp_path / "summary")
+    aggregate.run(config, labels, human, tmp_path / "summary", outputs["design"])
+    prevalence = {r["question"]: r for r in _read_csv(tmp_path / "summary" / "prevalence.csv")}
+    agreement = {r["question"]: r for r in _read_csv(tmp_path / "summary" / "agreement.csv")}
+    for qid in IDS:
+        assert prevalence[qid]["design"] == "two_phase" and prevalence[qid]["corrected_method"].startswith("two-phase")
+        assert int(prevalence[qid]["human_n"]) == n_burn + len(second)
+        assert float(prevalence[qid]["corrected_lo"]) < float(prevalence[qid]["corrected"]) < float(
+            prevalence[qid]["corrected_hi"])
+        assert agreement[qid]["design"] == "two_phase" and agreement[qid]["f1"] != ""
+        assert prevalence[qid]["outside_frame"] == "0"
+    md = (tmp_path / "summary" / "summary.md").read_text()
+    assert "two-phase design (a uniform burn-in of" in md and "Design: two phases" in md
 
 
 def test_a_weighted_or_unlabelled_burn_in_is_refused(tmp_path):
@@ -342,17 +391,17 @@ def test_a_weighted_or_unlabelled_burn_in_is_refused(tmp_path):
 def test_floor_share_null_takes_the_floor_of_the_design(tmp_path):
     labels, manifest, truth = _results(tmp_path)
     outputs = _outputs(tmp_path)
-    run(_config(tmp_path, budget=50), labels, manifest, None, outputs)
+    run(_config(tmp_path, budget=50, design="active"), labels, manifest, None, outputs)
     design = pq.read_table(outputs["design"]).to_pylist()
     u = sampling.post_uncertainty(_model_p_yes(truth, [r["post_id"] for r in design]))
     np.testing.assert_allclose([r["pi"] for r in design], sampling.inclusion_probabilities(u, 50, FLOOR_SHARE_ACTIVE))
-    assert FLOOR_SHARE_ACTIVE == 0.4 and FLOOR_SHARE_AFTER_BURN_IN == 0.2  # docs/human_labels.md's figures
+    assert FLOOR_SHARE_ACTIVE == 0.4 and FLOOR_SHARE_SECOND_PHASE == 0.2  # docs/human_labels.md's figures
 
 
 def test_budget_larger_than_the_population_is_refused(tmp_path):
     labels, manifest, _ = _results(tmp_path, n_ok=20, n_error=0, n_excluded=3)
     with pytest.raises(SampleError, match="label_sample.budget.*20 posts"):
-        run(_config(tmp_path, budget=21), labels, manifest, None, _outputs(tmp_path))
+        run(_config(tmp_path, budget=21, design="active"), labels, manifest, None, _outputs(tmp_path))
 
 
 def test_unknown_sample_question_is_named(tmp_path):
@@ -398,7 +447,7 @@ def _export(tasks_file, annotations_by_post):
 def drawn_sample(tmp_path):
     labels, manifest, _ = _results(tmp_path)
     outputs = _outputs(tmp_path)
-    run(_config(tmp_path, budget=30, seed=2), labels, manifest, None, outputs)
+    run(_config(tmp_path, budget=30, seed=2, design="active"), labels, manifest, None, outputs)
     return labels, outputs, _read_csv(outputs["sample"])
 
 
@@ -505,18 +554,19 @@ def test_collected_labels_carry_pi_and_read_as_weighted_human_labels(tmp_path, d
     assert not (tmp_path / "again.csv").exists()
 
 
-@pytest.mark.parametrize("burn_in, floor, design, method", [
-    (False, None, "weighted", "active estimator"),   # active, floor 0.4
-    (True, None, "weighted", "active estimator"),    # burn-in, then active, floor 0.2
-    (False, 1, "uniform", "PPI++"),                  # a uniform sample
-    (True, 1, "uniform", "PPI++"),                   # a uniform burn-in, then a uniform draw
+@pytest.mark.parametrize("kind, burn_in, design, method", [
+    ("active", False, "weighted", "active estimator"),   # one active draw, floor 0.4
+    ("uniform", False, "uniform", "PPI++"),              # a uniform sample
+    ("two_phase", False, "uniform", "PPI++"),            # the burn-in of a two-phase design, alone
+    ("two_phase", True, "two_phase", "two-phase"),       # a burn-in, then the second draw
 ])
-def test_collected_labels_are_read_by_aggregate_as_the_drawn_design(tmp_path, burn_in, floor, design, method):
+def test_collected_labels_are_read_by_aggregate_as_the_drawn_design(tmp_path, kind, burn_in, design, method):
     labels, manifest, _ = _results(tmp_path)
     coded = [f"p{i:04d}" for i in range(3, 300, 12)]
     burn_in_path = _burn_in_file(tmp_path / "uniform.csv", coded) if burn_in else None
     outputs = _outputs(tmp_path)
-    config = _config(tmp_path, budget=40, seed=9, floor_share=floor, burn_in=str(burn_in_path) if burn_in else None)
+    config = _config(tmp_path, budget=40 + (len(coded) if burn_in else 0), seed=9, design=kind,
+                     burn_in=str(burn_in_path) if burn_in else None)
     run(config, labels, manifest, burn_in_path, outputs)
     sample = _read_csv(outputs["sample"])
     rng = np.random.default_rng(3)
@@ -528,7 +578,7 @@ def test_collected_labels_are_read_by_aggregate_as_the_drawn_design(tmp_path, bu
     collected = collect(outputs["design"].parent, export, human)
     assert len(collected) == 2 * (len(sample) + (len(coded) if burn_in else 0))
 
-    aggregate.run(config, labels, human, tmp_path / "summary")
+    aggregate.run(config, labels, human, tmp_path / "summary", outputs["design"])
     prevalence = {r["question"]: r for r in _read_csv(tmp_path / "summary" / "prevalence.csv")}
     pi = {r["post_id"]: r["pi"] for r in pq.read_table(outputs["design"]).to_pylist()}
     for qid in IDS:
@@ -536,16 +586,17 @@ def test_collected_labels_are_read_by_aggregate_as_the_drawn_design(tmp_path, bu
         assert row["design"] == design and row["corrected_method"].startswith(method)
         labelled = [(float(r["label"] == "yes"), pi[r["post_id"]]) for r in _read_csv(human) if r["question"] == qid]
         assert int(row["human_n"]) == len(labelled)
-        y, p = np.array(labelled).T
-        # Hajek with the design's pi (the plain mean when pi is constant): the estimator saw these probabilities
-        assert float(row["human_share"]) == pytest.approx((y / p).sum() / (1 / p).sum())
+        if design != "two_phase":
+            y, p = np.array(labelled).T
+            # Hajek with the design's pi (the plain mean when pi is constant): the estimator saw these probabilities
+            assert float(row["human_share"]) == pytest.approx((y / p).sum() / (1 / p).sum())
 
 
 def test_collect_refuses_burn_in_labels_of_another_draw(tmp_path):
     labels, manifest, _ = _results(tmp_path)
     burn_in = _burn_in_file(tmp_path / "uniform.csv", [f"p{i:04d}" for i in range(0, 300, 10)])
     outputs = _outputs(tmp_path)
-    run(_config(tmp_path, budget=30, burn_in=str(burn_in)), labels, manifest, burn_in, outputs)
+    run(_config(tmp_path, budget=60, burn_in=str(burn_in)), labels, manifest, burn_in, outputs)
     export = tmp_path / "export.json"
     export.write_text(json.dumps(_export(outputs["ls_tasks"], {})))
     rows = _read_csv(outputs["burn_in"])
@@ -572,7 +623,7 @@ def test_snakemake_label_sample_writes_the_sample(tmp_path):
     pq.write_table(pa.table({"post_id": list(truth), "fps": [30.0] * len(truth)}),  # frame rates for the tasks
                    tmp_path / "results" / "inventory.parquet")
     write_overlay(tmp_path, tmp_path, {"classify": {"questions": QUESTIONS},
-                                       "label_sample": {"budget": 20, "seed": 5}})
+                                       "label_sample": {"budget": 20, "seed": 5, "design": "active"}})
     proc = run_snakemake(tmp_path, "label_sample", "--allowed-rules", "label_sample", "--cores", "1", timeout=300)
     out = tmp_path / "results" / "label_sample"
     for name in OUTPUTS:
@@ -584,3 +635,57 @@ def test_snakemake_label_sample_writes_the_sample(tmp_path):
     assert {r["seed"] for r in sample} == {"5"}
     assert "drawn for coding" in (tmp_path / "logs" / "label_sample.log").read_text()
     assert {t["data"]["fps"] for t in json.loads((out / "labelstudio_tasks.json").read_text())} == {30.0}
+
+
+def test_posts_classified_after_the_draw_are_estimated_apart(tmp_path):
+    """The design records its frame; aggregate estimates over the frame's posts, reports the posts
+    added since from the model alone, and refuses labels from outside the frame."""
+    labels, manifest, _ = _results(tmp_path, n_ok=300, n_error=12, n_excluded=5)
+    outputs = _outputs(tmp_path)
+    config = _config(tmp_path, budget=60, seed=3, design="active")
+    run(config, labels, manifest, None, outputs)
+    sample = _read_csv(outputs["sample"])
+    rng = np.random.default_rng(8)
+    annotations = {r["post_id"]: [_annotation(i, 1, {q: ["yes", "no"][rng.integers(2)] for q in IDS})]
+                   for i, r in enumerate(sample)}
+    export = tmp_path / "export.json"
+    export.write_text(json.dumps(_export(outputs["ls_tasks"], annotations)))
+    human = tmp_path / "human_labels.csv"
+    collect(outputs["design"].parent, export, human)
+
+    # After the draw: 40 new posts are classified (all answered "yes"), one framed post is now excluded.
+    table = pq.read_table(labels).to_pylist()
+    added = [dict(table[0], post_id=f"new{i:03d}", promotes_product="yes", sales_interaction="yes",
+                  answer_probs=json.dumps({q: {"yes": 0.9, "no": 0.1} for q in IDS})) for i in range(40)]
+    gone = next(r for r in table if r["status"] == "ok" and r["post_id"] not in annotations)
+    gone.update(status="excluded", promotes_product=None, sales_interaction=None, answer_probs=None)
+    pq.write_table(pa.Table.from_pylist(table + added, schema=pq.read_schema(labels)), labels)
+    first = _read_csv(human)[0]
+    with open(human, "a", newline="") as fh:
+        fh.write("new000,promotes_product,yes,0.5,,,\n")  # a label on a post outside the frame
+        fh.write(f"{first['post_id']},sales_interaction,no,0.999,,,\n")  # another draw's probability
+
+    aggregate.run(config, labels, human, tmp_path / "summary", outputs["design"])
+    prevalence = {r["question"]: r for r in _read_csv(tmp_path / "summary" / "prevalence.csv")}
+    row = prevalence["promotes_product"]
+    assert int(row["posts"]) == 312 - 1 + 40  # every classified post today
+    assert int(row["ppi_population"]) == 312 - 1  # the frame's posts that are still classified
+    assert int(row["outside_frame"]) == 40 and int(row["outside_answered"]) == 40
+    assert float(row["outside_model_share"]) == 1.0 and float(row["outside_model_lo"]) < 1.0
+    assert "40 classified post(s) are outside the frame" in row["note"]
+    assert int(row["human_n"]) == len(sample)  # the outside label is not used
+    errors = {(r["stage"], r["reason"]): int(r["count"]) for r in _read_csv(tmp_path / "summary" / "errors.csv")}
+    assert errors[("human_labels", "post outside the sampling frame (human_design)")] == 1
+    assert errors[("human_labels", "sampling_probability differs from human_design (another draw?)")] == 1
+    md = (tmp_path / "summary" / "summary.md").read_text()
+    assert "40 classified post(s) are not in its frame" in md and "1 post(s) of its frame are no longer" in md
+    assert "labels.parquet is not the file the sample was drawn from" in md
+    assert "classified posts of the sample's frame" in md
+
+    # A file that is not label_sample's design is refused with a message naming it.
+    with pytest.raises(HumanLabelError, match="is not a design file written by label_sample"):
+        aggregate.run(config, labels, human, tmp_path / "summary", labels)
+    # Without the design file the same labels claim every classified post: the shares cover all 351.
+    aggregate.run(config, labels, human, tmp_path / "plain")
+    plain = {r["question"]: r for r in _read_csv(tmp_path / "plain" / "prevalence.csv")}["promotes_product"]
+    assert int(plain["ppi_population"]) == 351 and plain["outside_frame"] == ""

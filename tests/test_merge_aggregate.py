@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from vidlabel.analyze import aggregate, merge
+from vidlabel.analyze import aggregate, agreement, humans, merge, stats
 from vidlabel.core import config as vconfig
 from vidlabel.serve.record import LABEL_SCHEMA
 
@@ -243,14 +243,17 @@ def test_aggregate_every_file_checked(fabricated):
     agree = {r["question"]: r for r in _read_csv(summary / "agreement.csv")}
     a = agree["promotes_product"]
     pairs = [(_is_yes(h["label"]), by_id[h["post_id"]]["promotes_product"]) for h in usable if h["y"] != 0.5]
-    compared = [(t, m == "yes") for t, m in pairs if m is not None]
+    # a post without a model answer is a wrong answer: fn for a human "yes", fp for a "no"
+    compared = [(t, (m == "yes") if m is not None else not t) for t, m in pairs]
     tp = sum(t and m for t, m in compared)
     fp = sum((not t) and m for t, m in compared)
     fn = sum(t and not m for t, m in compared)
     tn = sum((not t) and not m for t, m in compared)
+    failed = sum(m is None for _, m in pairs)
+    assert failed > 0 and int(a["n"]) == len(pairs)
     assert [int(a[k]) for k in ("tp", "fp", "fn", "tn")] == [tp, fp, fn, tn]
-    assert int(a["no_model_answer"]) == len(pairs) - len(compared)
-    assert int(a["tied_labels"]) == int(by_id[usable[0]["post_id"]]["promotes_product"] is not None)
+    assert int(a["no_model_answer"]) == failed and "counted as wrong answers" in a["note"]
+    assert int(a["tied_labels"]) == 1 and a["design"] == "uniform"
     assert _f(a["precision"]) == pytest.approx(tp / (tp + fp))
     assert _f(a["recall"]) == pytest.approx(tp / (tp + fn))
     po = (tp + tn) / len(compared)
@@ -367,6 +370,26 @@ def test_aggregate_weighted_human_labels_parquet(fabricated):
     assert int(p["ppi_population"]) == 590 and int(p["ppi_labelled"]) == len(usable)
     assert _f(p["corrected_lo"]) < _f(p["corrected"]) < _f(p["corrected_hi"])
     assert _f(p["uniform_halfwidth"]) > 0
+    # agreement: confusion totals weighted by 1/pi (a failed post counted as a wrong answer)
+    agree = {r["question"]: r for r in _read_csv(f["dir"] / "summary" / "agreement.csv")}["promotes_product"]
+    by_id = {r["post_id"]: r["promotes_product"] for r in rows}
+    totals = np.zeros(4)
+    for h in usable:
+        if h["y"] == 0.5:
+            continue
+        answer = by_id[h["post_id"]]
+        says_yes = answer == "yes" if answer is not None else h["y"] == 0
+        totals[(0 if says_yes else 2) if h["y"] == 1 else (1 if says_yes else 3)] += 1 / h["sampling_probability"]
+    tp, fp, fn, tn = totals
+    assert agree["design"] == "weighted" and "weighted by the design (1/sampling_probability" in agree["ci_method"]
+    assert _f(agree["precision"]) == pytest.approx(tp / (tp + fp))
+    assert _f(agree["recall"]) == pytest.approx(tp / (tp + fn))
+    assert _f(agree["f1"]) == pytest.approx(2 * tp / (2 * tp + fp + fn))
+    assert _f(agree["accuracy"]) == pytest.approx((tp + tn) / totals.sum())
+    for metric in stats.AGREEMENT_METRICS:
+        assert _f(agree[metric + "_lo"]) < _f(agree[metric]) < _f(agree[metric + "_hi"]), metric
+    unweighted_precision = int(agree["tp"]) / (int(agree["tp"]) + int(agree["fp"]))
+    assert abs(unweighted_precision - _f(agree["precision"])) > 0.02  # the weights matter here
     md = (f["dir"] / "summary" / "summary.md").read_text()
     assert "A uniform random sample of as many posts would have given about" in md
     assert "Design: known, varying sampling probabilities" in md
@@ -385,7 +408,7 @@ def test_aggregate_without_human_labels_and_without_data(tmp_path):
     assert [r["status"] for r in pq.read_table(labels).to_pylist()] == ["excluded", "excluded"]
     summary = tmp_path / "summary"
     aggregate.run(_config(), labels, None, summary)
-    assert (summary / "agreement.csv").read_text().strip() == ",".join(aggregate.AGREEMENT_COLUMNS)
+    assert (summary / "agreement.csv").read_text().strip() == ",".join(agreement.AGREEMENT_COLUMNS)
     prev = _read_csv(summary / "prevalence.csv")
     assert [(r["question"], r["posts"], r["answered"], r["model_share"]) for r in prev] == [
         ("promotes_product", "0", "0", ""), ("shows_face", "0", "0", "")]
@@ -405,9 +428,9 @@ def test_aggregate_rejects_unreadable_human_labels(fabricated):
     labels = _merge(f)
     bad = f["dir"] / "bad.csv"
     bad.write_text("post,answer\nx,yes\n")
-    with pytest.raises(aggregate.HumanLabelError, match=r"lack column\(s\) \['post_id', 'question', 'label'\]"):
+    with pytest.raises(humans.HumanLabelError, match=r"lack column\(s\) \['post_id', 'question', 'label'\]"):
         aggregate.run(_config(), labels, bad, f["dir"] / "summary")
-    with pytest.raises(aggregate.HumanLabelError, match="does not exist"):
+    with pytest.raises(humans.HumanLabelError, match="does not exist"):
         aggregate.run(_config(), labels, f["dir"] / "missing.csv", f["dir"] / "summary")
 
 
@@ -497,7 +520,6 @@ def test_aggregate_degenerate_inputs_give_honest_intervals(tmp_path, case):
 
 
 def _wilson(k, n):
-    from vidlabel.analyze import stats
     return stats.wilson_interval(k, n, 0.95)
 
 
@@ -613,7 +635,7 @@ def test_load_human_labels_leaves_the_connection_usable(tmp_path):
     duck.parquet_view(con, "labels", labels)
     con.register("questions_arrow", pa.table({"question": ["promotes_product"], "position": [0]}))
     con.execute("CREATE TABLE questions AS SELECT * FROM questions_arrow")
-    described = aggregate.load_human_labels(con, human)
+    described = humans.load_human_labels(con, human)
     assert described["usable"] == 2 and described["posts"] == 2 and described["design"] == "uniform"
     rows = con.sql("SELECT post_id, y FROM human_resolved ORDER BY post_id").fetchall()
     assert rows == [("p00000", 1.0), ("p00001", 0.0)]

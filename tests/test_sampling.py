@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vidlabel.analyze import sampling, stats
+from vidlabel.analyze import estimators, sampling, stats
 
 
 def test_post_uncertainty_combines_questions():
@@ -72,18 +72,18 @@ def test_active_design_small_coverage_and_gain():
     truth = (rng.random((reps, n_posts)) < s).astype(float)
     pi = np.stack([sampling.inclusion_probabilities(sampling.post_uncertainty(row), budget, 0.5) for row in s])
     drawn = rng.random(pi.shape) < pi
-    est = stats.active_mean(s, truth, drawn, pi, 0.95)
-    h = stats.hajek_share(truth, pi, 0.95, drawn)
+    est = estimators.active_mean(s, truth, drawn, pi, 0.95)
+    h = estimators.hajek_share(truth, pi, 0.95, drawn)
     ci = stats.corrected_interval(est["estimate"], est["se"], stats.sample_events(truth, s, drawn, pi), h["lo"],
                                   h["hi"], 0.95)
     target = truth.mean(axis=1)
     assert abs(np.mean(est["estimate"] - target)) < 3 * np.std(est["estimate"] - target) / np.sqrt(reps)  # unbiased
     assert np.mean((ci["lo"] <= target) & (target <= ci["hi"])) >= 0.92
-    uniform = stats.uniform_equivalent_se(s, truth, drawn, pi)
+    uniform = estimators.uniform_equivalent_se(s, truth, drawn, pi)
     assert np.mean(est["se"]) < 0.8 * np.mean(uniform)
 
 
-def test_recalibrate_repairs_overconfidence_and_flattens_noise():
+def test_calibrate_keeps_a_calibrated_model_and_repairs_the_others():
     rng = np.random.default_rng(7)
     n_posts = 20_000
     s = rng.beta(0.15, 0.35, n_posts)
@@ -92,61 +92,95 @@ def test_recalibrate_repairs_overconfidence_and_flattens_noise():
     logit = np.log(s / (1 - s))
     overconfident = 1 / (1 + np.exp(-3 * logit))
     noise = rng.beta(0.15, 0.35, n_posts)  # varies, says nothing
-    fixed = sampling.recalibrate(overconfident, overconfident[burn], y[burn])
-    flat = sampling.recalibrate(noise, noise[burn], y[burn])
+    fixed = sampling.calibrate(overconfident, overconfident[burn], y[burn])
+    flat = sampling.calibrate(noise, noise[burn], y[burn])
+    # a calibrated model's own probabilities are kept (recalibrating them on 150 labels only adds noise),
+    # but for the 5 % of burn-ins that reject them by chance; a model that says nothing never passes
+    kept, passed = 0, 0
+    for _ in range(40):
+        other = rng.permutation(n_posts)[:150]
+        kept += np.allclose(sampling.calibrate(s, s[other], y[other]), np.clip(s, 1e-6, 1 - 1e-6))
+        passed += np.allclose(sampling.calibrate(noise, noise[other], y[other]), np.clip(noise, 1e-6, 1 - 1e-6))
+    assert kept >= 34 and passed == 0
     # the overconfident model's probabilities move back towards the calibrated ones
     assert np.mean((fixed - s) ** 2) < 0.7 * np.mean((overconfident - s) ** 2)
     # the noise collapses towards the burn-in share: the design becomes nearly uniform
     assert flat.std() < 0.3 * noise.std() and abs(flat.mean() - y.mean()) < 0.1
     pi = sampling.inclusion_probabilities(sampling.post_uncertainty(flat), 300, 0.3)
     assert pi.max() / pi.min() < 3
-    assert np.isnan(sampling.recalibrate(np.array([np.nan, 0.5]), s[burn], y[burn])[0])
+    assert np.isnan(sampling.calibrate(np.array([np.nan, 0.5]), s[burn], y[burn])[0])
     with pytest.raises(ValueError, match="burn-in"):
-        sampling.recalibrate(s, np.array([np.nan]), np.array([1.0]))
+        sampling.calibrate(s, np.array([np.nan]), np.array([1.0]))
 
 
-def test_union_inclusion():
-    assert sampling.union_inclusion(0.1, np.array([0.0, 0.5, 1.0])) == pytest.approx([0.1, 0.55, 1.0])
-    assert sampling.union_inclusion(np.array([0.2, 0.3])) == pytest.approx([0.2, 0.3])
+def test_burn_in_size_holds_enough_positives_of_the_rarest_question():
+    p = np.c_[np.full(10_000, 0.4), np.full(10_000, 0.02)]
+    assert sampling.burn_in_size(p[:, 0], 300, 0.1) == 30  # the share: 30 expected positives anyway
+    assert sampling.burn_in_size(p, 300, 0.1) == 150  # 5 / 0.02 = 250 positives' worth, capped at half
+    assert sampling.burn_in_size(p, 1000, 0.1) == 250
+    assert sampling.burn_in_size(np.full(100, np.nan), 50, 0.1) == 5  # no probability: the share
+    mask = sampling.uniform_sample(1000, 37, seed=3)
+    assert mask.sum() == 37 and np.array_equal(mask, sampling.uniform_sample(1000, 37, seed=3))
+    with pytest.raises(ValueError):
+        sampling.uniform_sample(10, 11, seed=1)
 
 
-def test_burn_in_design_probabilities():
+def _two_phase(rng, n_posts, prevalence, model, n_burn, budget):
+    s = rng.beta(prevalence * 0.5, (1 - prevalence) * 0.5, n_posts)
+    y = (rng.random(n_posts) < s).astype(float)
+    if model == "overconfident":
+        p = 1 / (1 + np.exp(-3 * np.log(np.clip(s, 1e-9, 1) / np.clip(1 - s, 1e-9, 1))))
+    elif model == "uninformative":
+        p = rng.beta(prevalence * 0.5, (1 - prevalence) * 0.5, n_posts)
+    else:
+        p = s
+    burn = sampling.uniform_sample(n_posts, n_burn, int(rng.integers(2**32)))
+    design = sampling.two_phase_design(p, burn, y[burn], budget, 0.2)
+    return s, y, p, burn, design
+
+
+def test_two_phase_design_probabilities():
     rng = np.random.default_rng(11)
     n_posts, budget = 8_000, 300
     s = rng.beta(0.1, 0.4, (n_posts, 2))
     y = (rng.random((n_posts, 2)) < s).astype(float)
-    burn = np.zeros(n_posts, bool)
-    burn[rng.permutation(n_posts)[:60]] = True
-    pi, pi_active = sampling.burn_in_design(s, burn, y[burn], budget, 0.2)
-    assert np.all(pi_active[burn] == 0) and pi_active[~burn].sum() == pytest.approx(budget - 60)
-    assert pi[~burn] == pytest.approx(60 / n_posts + (1 - 60 / n_posts) * pi_active[~burn])
-    assert np.all((pi >= 60 / n_posts) & (pi <= 1))
-    # the other posts follow sqrt(u) of the recalibrated probabilities
-    full = np.c_[sampling.recalibrate(s[:, 0], s[burn, 0], y[burn, 0]),
-                 sampling.recalibrate(s[:, 1], s[burn, 1], y[burn, 1])]
-    u_full = sampling.post_uncertainty(full)
-    assert np.corrcoef(pi[~burn], np.sqrt(u_full[~burn]))[0, 1] > 0.99
-    assert np.all(np.isfinite(pi[burn]))
+    burn = sampling.uniform_sample(n_posts, 60, seed=1)
+    design = sampling.two_phase_design(s, burn, y[burn], budget, 0.2)
+    assert np.all(design.pi[burn] == 0) and design.pi[~burn].sum() == pytest.approx(budget - 60)
+    assert design.pi_burn_in == pytest.approx(60 / n_posts) and design.mixture in sampling.MIXTURE_WEIGHTS
+    assert len(design.combination) == 2 and all(0 < a < 1 for a in design.combination)
+    # a calibrated model: its probabilities kept, the second draw follows sqrt(u), the active design in full
+    np.testing.assert_allclose(design.calibrated, np.clip(s, 1e-6, 1 - 1e-6))
+    assert design.mixture == 1.0
+    assert np.corrcoef(design.pi[~burn], np.sqrt(sampling.post_uncertainty(s)[~burn]))[0, 1] > 0.99
     with pytest.raises(ValueError, match="shape"):
-        sampling.burn_in_design(s, burn, y[burn][:, 0], budget, 0.2)
+        sampling.two_phase_design(s, burn, y[burn][:, 0], budget, 0.2)
     with pytest.raises(ValueError, match="smaller than the budget"):
-        sampling.burn_in_design(s, burn, y[burn], 60, 0.2)
+        sampling.two_phase_design(s, burn, y[burn], 60, 0.2)
 
 
-def test_burn_in_design_estimate_is_unbiased_at_low_prevalence():
-    """The burn-in posts' weights come from leave-one-out fits: no downward pull from the few
-    positives a small burn-in holds (300 repetitions, prevalence ~5 %, an over-confident model)."""
+def test_two_phase_design_turns_uniform_for_a_model_that_says_nothing():
+    rng = np.random.default_rng(5)
+    spreads = []
+    for _ in range(20):
+        _, _, _, burn, design = _two_phase(rng, 20_000, 0.3, "uninformative", 30, 300)
+        spreads.append(design.pi[~burn].max() / design.pi[~burn].min())
+    assert np.median(spreads) < 1.5  # the uninformative probabilities varied over 5 orders of magnitude
+
+
+def test_two_phase_estimate_is_unbiased_where_the_burn_in_chooses_the_design():
+    """The issue's case (N 3,000, prevalence 0.05, a burn-in of 60 then 150): the second draw's
+    probabilities depend on the burn-in's labels, and the estimate, conditional on the burn-in for the
+    second draw, stays unbiased (600 repetitions, an over-confident model) and covers."""
     rng = np.random.default_rng(12)
-    reps, n_posts, budget = 300, 4_000, 200
-    errors = []
-    for _ in range(reps):
-        s = rng.beta(0.05 * 0.5, 0.95 * 0.5, n_posts)
-        y = (rng.random(n_posts) < s).astype(float)
-        p = 1 / (1 + np.exp(-3 * np.log(np.clip(s, 1e-9, 1) / np.clip(1 - s, 1e-9, 1))))
-        burn = np.zeros(n_posts, bool)
-        burn[rng.permutation(n_posts)[:40]] = True
-        pi, pi_active = sampling.burn_in_design(p, burn, y[burn], budget, 0.2)
-        drawn = burn | (rng.random(n_posts) < pi_active)
-        est = stats.active_mean(sampling.recalibrate(p, p[burn], y[burn]), y, drawn, pi, 0.95)
+    errors, covered = [], []
+    for _ in range(600):
+        _, y, p, burn, design = _two_phase(rng, 3_000, 0.05, "overconfident", 60, 210)
+        drawn = rng.random(y.size) < design.pi
+        est = estimators.two_phase_mean(p, y, burn, drawn, design.pi_burn_in, design.pi, design.combination[0],
+                                        design.calibrated[:, 0], 0.95)
         errors.append(est["estimate"] - y.mean())
-    assert abs(np.mean(errors)) < 3 * np.std(errors) / np.sqrt(reps)
+        covered.append(est["lo"] <= y.mean() <= est["hi"])
+    errors = np.array(errors)
+    assert abs(errors.mean()) < 3 * errors.std() / np.sqrt(errors.size)
+    assert np.mean(covered) >= 0.9

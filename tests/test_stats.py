@@ -11,7 +11,8 @@ import pyarrow as pa
 import pytest
 from ppi_py.ppi import _calc_lam_glm  # private: the lambda ppi_py tunes internally
 
-from vidlabel.analyze import aggregate, stats
+from vidlabel.analyze import estimators, stats
+from vidlabel.analyze.prevalence import ppi_moments_from_items
 
 # ------------------------------------------------------------------------------------------
 # Agreement against hand-computed confusion matrices
@@ -127,7 +128,7 @@ def test_sql_moments_match_ppi_py(weighted, soft):
     # (_items adds the labelled items to the population itself)
     sql_in = [(name, y, yhat_l, _remove_once(yhat_all, yhat_l), r)
               for name, (y, yhat_l, yhat_all, r) in cases.items()]
-    moments = aggregate.ppi_moments_from_items(_items(sql_in))
+    moments = ppi_moments_from_items(_items(sql_in))
     z = stats.z_value(0.95)
     for name, (y, yhat_l, yhat_all, r) in cases.items():
         m = moments[name]
@@ -174,7 +175,7 @@ def _remove_once(population: np.ndarray, labelled: np.ndarray) -> np.ndarray:
 def test_constant_predictions_fall_back_to_human_only():
     # A model that answers "yes" to everything: no variance, lambda = 0, estimate = human mean.
     y = np.array([1, 0, 0, 1, 0, 0, 0, 1, 0, 0], float)
-    m = aggregate.ppi_moments_from_items(_items([("q", y, np.ones(10), np.ones(500), None)]))["q"]
+    m = ppi_moments_from_items(_items([("q", y, np.ones(10), np.ones(500), None)]))["q"]
     assert m["lambda"] == 0.0
     assert m["estimate"] == pytest.approx(0.3)
     assert m["imputed_var"] == 0.0
@@ -220,7 +221,7 @@ def _simulate(rng, n_sim, weighted=False, skew=6.0):
 def test_simulation_coverage_and_width():
     rng = np.random.default_rng(2025)
     truth, yhat, labelled, _, items = _simulate(rng, N_SIM)
-    moments = aggregate.ppi_moments_from_items(items)  # all datasets in one SQL query
+    moments = ppi_moments_from_items(items)  # all datasets in one SQL query
     target = truth.mean(axis=1)  # the share humans would find if they labelled every post
     covered, naive_covered, width_ppi, width_human = [], [], [], []
     for i in range(N_SIM):
@@ -251,8 +252,8 @@ def test_simulation_inverse_probability_weights():
     n_sim = 400
     truth, yhat, labelled, prob, items = _simulate(rng, n_sim, weighted=True)
     target = truth.mean(axis=1)
-    weighted = aggregate.ppi_moments_from_items(items)
-    unweighted = aggregate.ppi_moments_from_items(
+    weighted = ppi_moments_from_items(items)
+    unweighted = ppi_moments_from_items(
         items.set_column(3, "r", pa.array(np.where(labelled, 1.0, np.nan).ravel(), from_pandas=True)))
 
     def coverage(moments):
@@ -268,8 +269,8 @@ def test_simulation_inverse_probability_weights():
     # The weighted human-only share (Hajek) and the active estimator cover the truth as well, and
     # the active estimator is at least as narrow as the human-only share
     y, f = truth.astype(float), yhat.astype(float)
-    h = stats.hajek_share(y, prob, 0.95, labelled)
-    a = stats.active_mean(f, y, labelled, prob, 0.95)
+    h = estimators.hajek_share(y, prob, 0.95, labelled)
+    a = estimators.active_mean(f, y, labelled, prob, 0.95)
     ci = stats.corrected_interval(a["estimate"], a["se"], stats.sample_events(y, f, labelled, prob), h["lo"], h["hi"],
                                   0.95)
     assert np.mean((h["lo"] <= target) & (target <= h["hi"])) >= 0.92
@@ -277,7 +278,7 @@ def test_simulation_inverse_probability_weights():
     # with its intercept the active estimator is at least as precise as the Hajek share (the model
     # helps a little here: precision 0.9, recall 0.69); without it, it would be less precise
     assert np.mean(a["se"]) < np.mean(h["se"])
-    plain = stats.active_mean(f, y, labelled, prob, 0.95, intercept=False)
+    plain = estimators.active_mean(f, y, labelled, prob, 0.95, intercept=False)
     assert np.mean(plain["se"]) > np.mean(h["se"])
 
 
@@ -319,7 +320,7 @@ def test_hajek_share_formula_census_and_zero():
     rng = np.random.default_rng(4)
     y = (rng.random(200) < 0.3).astype(float)
     pi = rng.uniform(0.05, 0.9, 200)
-    h = stats.hajek_share(y, pi, 0.95)
+    h = estimators.hajek_share(y, pi, 0.95)
     w = 1 / pi
     mean = (w * y).sum() / w.sum()
     se = math.sqrt((w * w * (1 - pi) * (y - mean) ** 2).sum()) / w.sum()
@@ -327,9 +328,9 @@ def test_hajek_share_formula_census_and_zero():
     n_eff = mean * (1 - mean) / se**2
     assert h["n_eff"] == pytest.approx(n_eff)
     assert (h["lo"], h["hi"]) == pytest.approx(stats.wilson_interval(mean * n_eff, n_eff, 0.95))
-    census = stats.hajek_share(y, np.ones(200), 0.95)
+    census = estimators.hajek_share(y, np.ones(200), 0.95)
     assert census["lo"] == census["hi"] == pytest.approx(y.mean())
-    zero = stats.hajek_share(np.zeros(50), pi[:50], 0.95)
+    zero = estimators.hajek_share(np.zeros(50), pi[:50], 0.95)
     assert zero["estimate"] == 0 and zero["lo"] == 0 and 0 < zero["hi"] < 0.2  # Kish size, not a point
 
 
@@ -347,14 +348,14 @@ def test_active_mean_matches_a_direct_implementation():
     xi = rng.random(n_posts) < pi
     y_seen = np.where(xi, y, np.nan)
     # fixed lambda, no intercept: Zrnic & Candes' estimator term by term
-    fixed = stats.active_mean(s, y_seen, xi, pi, 0.95, lam=0.7, intercept=False)
+    fixed = estimators.active_mean(s, y_seen, xi, pi, 0.95, lam=0.7, intercept=False)
     z = _active_direct(s, y, xi, pi, 0.7, 0.0)
     assert fixed["estimate"] == pytest.approx(z.mean(), abs=1e-12)
     assert fixed["se"] == pytest.approx(z.std(ddof=1) / math.sqrt(n_posts), rel=1e-10)
     half = stats.z_value(0.95) * fixed["se"]
     assert (fixed["lo"], fixed["hi"]) == pytest.approx((z.mean() - half, z.mean() + half))
     # plug-in: the (lambda, mu) of least squares of -a on the control variates
-    tuned = stats.active_mean(s, y_seen, xi, pi, 0.95)
+    tuned = estimators.active_mean(s, y_seen, xi, pi, 0.95)
     a, b1, b0 = y * xi / pi, s * (1 - xi / pi), 1 - xi / pi
     coef = np.linalg.lstsq(np.c_[np.ones(n_posts), b1, b0], -a, rcond=None)[0]
     assert 0 < coef[1] < 1  # inside the clipping range here
@@ -363,11 +364,11 @@ def test_active_mean_matches_a_direct_implementation():
     assert tuned["estimate"] == pytest.approx(z.mean(), abs=1e-10)
     assert tuned["se"] <= fixed["se"] + 1e-12  # the tuned pair minimises the variance
     # batched rows give the per-row answers
-    batch = stats.active_mean(np.stack([s, s[::-1]]), np.stack([y_seen, y_seen[::-1]]), np.stack([xi, xi[::-1]]),
+    batch = estimators.active_mean(np.stack([s, s[::-1]]), np.stack([y_seen, y_seen[::-1]]), np.stack([xi, xi[::-1]]),
                               np.stack([pi, pi[::-1]]), 0.95)
     assert batch["estimate"][0] == pytest.approx(tuned["estimate"])
     # a constant prediction: lambda 0, still a valid (Hajek-like) estimate
-    flat = stats.active_mean(np.full(n_posts, 0.3), y_seen, xi, pi, 0.95)
+    flat = estimators.active_mean(np.full(n_posts, 0.3), y_seen, xi, pi, 0.95)
     assert flat["lambda"] == 0 and abs(flat["estimate"] - y.mean()) < 5 * flat["se"]
 
 
@@ -377,7 +378,11 @@ def test_sample_events_and_corrected_interval():
     assert stats.sample_events(y, f) == pytest.approx(min(2, 4, 0.5 + 0.2 + 1))
     pi = np.array([0.5, 0.5, 0.5, 0.5, 0.05, 0.05])
     w = 1 / pi
-    assert stats.sample_events(y, f, pi=pi) == pytest.approx(1.7 * w.sum() ** 2 / (6 * (w * w).sum()))
+    # the effective numbers (sum v)^2 / sum v^2 of positives, negatives and disagreements join the minimum:
+    # here the heavy disagreement (weight 20, f = 1 for a "no") leaves about one event
+    effective = [v.sum() ** 2 / (v * v).sum() for v in (w * y, w * (1 - y), w * np.abs(y - f))]
+    assert stats.sample_events(y, f, pi=pi) == pytest.approx(min(1.7, *effective))
+    assert min(effective) == pytest.approx(21.4**2 / (1 + 0.16 + 400))
     # enough events: t quantile, no hull
     ci = stats.corrected_interval(0.3, 0.02, 25.0, 0.1, 0.6, 0.95)
     from scipy.stats import t as student_t
@@ -403,7 +408,7 @@ def _uniform_reported(rng, reps, n_posts, n, prevalence):
                       "yhat": pa.array(f.ravel()),
                       "y": pa.array(np.where(labelled, truth, np.nan).ravel(), from_pandas=True),
                       "r": pa.array(np.where(labelled, 1.0, np.nan).ravel(), from_pandas=True)})
-    moments = aggregate.ppi_moments_from_items(items)
+    moments = ppi_moments_from_items(items)
     m = {k: np.array([moments[str(i)][k] for i in range(reps)]) for k in ("estimate", "imputed_var", "rectifier_var")}
     k = np.where(labelled, truth, 0).sum(axis=1)
     human_lo, human_hi = stats.wilson_bounds(k, n, 0.95)
@@ -422,3 +427,100 @@ def test_small_coverage_check_of_the_reported_intervals(prevalence):
     assert np.mean((ci["lo"] <= target) & (target <= ci["hi"])) >= 0.92
     assert np.mean((h_lo <= target) & (target <= h_hi)) >= 0.92
     assert np.all(ci["hi"] - ci["lo"] > 0) and np.all(h_hi - h_lo > 0)
+
+
+# ------------------------------------------------------------------------------------------
+# Agreement under the design (issue: human labels you can rely on)
+
+def _two_models(rng, n_posts, prevalence=0.3, mu=1.0):
+    """Two equally good models: each reports P(yes) from its own independent signal of the truth."""
+    truth = rng.random(n_posts) < prevalence
+    prior = np.log(prevalence / (1 - prevalence))
+    p = [1 / (1 + np.exp(-(prior + 2 * mu * rng.normal(mu * (2 * truth - 1), 1.0)))) for _ in range(2)]
+    return truth, p[0], p[1]
+
+
+def _cells(truth, p):
+    says = p > 0.5
+    return np.where(truth, np.where(says, estimators.TP, estimators.FN), np.where(says, estimators.FP, estimators.TN))
+
+
+def test_weighted_agreement_is_unbiased_where_the_sample_follows_one_model():
+    """The sample is drawn where model A is unsure (active design, floor 0.4): counted plainly, A is
+    scored on its hardest posts and looks worse than the equally good B; weighted by the design, the
+    difference is ~0 and each model's F1 interval covers the population F1 (250 repetitions)."""
+    from vidlabel.analyze import sampling
+
+    rng = np.random.default_rng(31)
+    plain, weighted, covered = [], [], []
+    for rep in range(250):
+        truth, p_a, p_b = _two_models(rng, 5_000)
+        pi = sampling.inclusion_probabilities(sampling.post_uncertainty(p_a), 300, 0.4)
+        drawn = rng.random(pi.size) < pi
+        design = estimators.poisson_design(pi[drawn])
+        f1 = {}
+        for name, p in (("A", p_a), ("B", p_b)):
+            c = _cells(truth, p)
+            population = stats.confusion_metrics(*np.bincount(c, minlength=4))["f1"]
+            counted = stats.confusion_metrics(*np.bincount(c[drawn], minlength=4))["f1"]
+            w = estimators.weighted_agreement(c[drawn], design, 0.95, 300, seed=rep)
+            f1[name] = (population, counted, w["f1"])
+            covered.append(w["f1_lo"] <= population <= w["f1_hi"])
+        plain.append((f1["A"][1] - f1["B"][1]) - (f1["A"][0] - f1["B"][0]))
+        weighted.append((f1["A"][2] - f1["B"][2]) - (f1["A"][0] - f1["B"][0]))
+    plain, weighted = np.array(plain), np.array(weighted)
+    assert plain.mean() < -0.02 and plain.mean() < -4 * plain.std() / np.sqrt(plain.size)
+    assert abs(weighted.mean()) < 3 * weighted.std() / np.sqrt(weighted.size) and abs(weighted.mean()) < 0.01
+    assert np.mean(covered) >= 0.9
+
+
+def test_replicate_weights_give_the_design_variance():
+    rng = np.random.default_rng(4)
+    pi = rng.uniform(0.05, 0.9, 400)
+    y = rng.random(400)
+    replicates = estimators.replicate_weights(estimators.poisson_design(pi), 20_000, rng)
+    assert replicates.min() >= 0 and replicates.mean(axis=0) == pytest.approx(1 / pi, rel=0.05)
+    # the variance of a weighted total across replicates: Horvitz-Thompson's estimate for Poisson sampling
+    assert (replicates @ y).var() == pytest.approx(np.sum((1 - pi) * (y / pi) ** 2), rel=0.05)
+    # a simple random sample: resampling with replacement, multinomial counts
+    srs = estimators.replicate_weights(estimators.Design(np.ones(50), np.zeros(50), np.ones(50), np.zeros(50)), 20_000,
+                                       rng)
+    assert np.all(srs.sum(axis=1) == 50) and (srs @ y[:50]).var() == pytest.approx(50 * y[:50].var(), rel=0.05)
+    # a post drawn with pi = 1, or counted exactly, never varies
+    exact = estimators.Design(np.zeros(3), np.array([1.0, 0.0, 2.0]), np.array([1.0, 1.0, 0.5]), np.array([0, 4.0, 0]))
+    r = estimators.replicate_weights(exact, 1000, rng)
+    assert np.all(r[:, 0] == 1.0) and np.all(r[:, 1] == 4.0) and r[:, 2].std() > 0
+
+
+def test_two_phase_estimates_by_their_definition():
+    rng = np.random.default_rng(8)
+    n_posts = 4_000
+    s = rng.beta(0.3, 0.7, n_posts)
+    y = (rng.random(n_posts) < s).astype(float)
+    f = np.clip(s + rng.normal(0, 0.1, n_posts), 0, 1)
+    burn = np.zeros(n_posts, bool)
+    burn[rng.permutation(n_posts)[:80]] = True
+    pi = np.where(burn, 0.0, np.clip(0.3 * np.sqrt(s * (1 - s)), 0.01, 1))
+    drawn = ~burn & (rng.random(n_posts) < pi)
+    pi0, a, calibrated = 80 / n_posts, 0.3, np.clip(s * 0.9 + 0.05, 0, 1)
+    est = estimators.two_phase_mean(f, y, burn, drawn, pi0, pi, a, calibrated, 0.95)
+    conditional = np.where(burn, 1.0, np.where(drawn, pi, 1.0))
+    second = estimators.active_mean(calibrated, y, burn | drawn, conditional, 0.95, lam=1.0)
+    lam = estimators.active_mean(f, y, burn | drawn, conditional, 0.95)["lambda"]
+    # the burn-in's estimate: uniform sample, lambda from the second draw, no intercept
+    z = lam * f + (y - lam * f) * burn / pi0
+    assert est["lambda"] == pytest.approx(lam)
+    first_se = z.std(ddof=1) / np.sqrt(n_posts)
+    assert est["estimate"] == pytest.approx(a * z.mean() + (1 - a) * second["estimate"], abs=1e-12)
+    assert est["se"] == pytest.approx(np.sqrt(a * a * first_se**2 + (1 - a) ** 2 * second["se"] ** 2), rel=1e-9)
+    # every label's weight in the combined estimate, and the same weights for the agreement totals
+    effective = estimators.two_phase_pi(burn, drawn, pi0, pi, a)
+    assert 1 / effective[burn] == pytest.approx(a / pi0 + 1 - a)
+    assert 1 / effective[drawn] == pytest.approx((1 - a) / pi[drawn])
+    labelled = burn | drawn
+    weights = estimators.two_phase_weights(burn[labelled], pi0, pi[labelled], a)
+    assert weights.weight == pytest.approx(1 / effective[labelled])
+    share = estimators.two_phase_share(y, burn, drawn, pi0, pi, a, 0.95)
+    hajek = estimators.hajek_share(y, conditional, 0.95, labelled)
+    assert share["estimate"] == pytest.approx(a * y[burn].mean() + (1 - a) * hajek["estimate"])
+    assert share["lo"] < share["estimate"] < share["hi"]

@@ -11,6 +11,7 @@ rule aggregate:
     input:
         labels=rules.merge.output[0],
         human_labels=human_labels,
+        human_design=human_design,
     output:
         prevalence=report(
             f"{MODEL_DIR}/summary/prevalence.csv",
@@ -57,6 +58,7 @@ rule compare:
         summaries=expand(rules.aggregate.output.summary, model=MODELS),
         inventory=rules.inventory.output[0],
         human_labels=human_labels,
+        human_design=human_design,
     output:
         models=report(
             f"{RESULTS}/compare/models.csv",

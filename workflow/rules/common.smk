@@ -46,3 +46,7 @@ def model_files(wildcards):
 
 def human_labels(wildcards):
     return [config["human_labels"]] if config["human_labels"] else []
+
+
+def human_design(wildcards):
+    return [config["human_design"]] if config["human_design"] else []

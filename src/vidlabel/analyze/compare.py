@@ -24,7 +24,17 @@ from typing import Any, Sequence
 
 import pyarrow as pa
 
-from vidlabel.analyze import aggregate, plots, stats
+from vidlabel.analyze import plots, stats
+from vidlabel.analyze.compare_text import compare_markdown, parsed_row, to_float
+from vidlabel.analyze.humans import load_human_labels
+from vidlabel.analyze.labels_db import (
+    answers_long_sql,
+    check_label_columns,
+    query_rows,
+    register_table,
+    relation_columns,
+    write_csv,
+)
 from vidlabel.analyze.merge import FIXED_COLUMNS, provenance_counts, question_ids
 from vidlabel.core import duck
 from vidlabel.core.io import write_text
@@ -35,14 +45,16 @@ SUMMARY_METRICS = tuple(f"{m}{s}" for m in stats.AGREEMENT_METRICS for s in ("",
 MODELS_COLUMNS = [
     "model", "model_id", "server", "provenances", "question", "posts", "answered", "no_answer",
     "model_share", "model_lo", "model_hi", "human_n", "human_share", "human_lo", "human_hi", "human_ci_method",
-    "corrected", "corrected_lo", "corrected_hi", "corrected_method", "agreement_n", *SUMMARY_METRICS,
+    "corrected", "corrected_lo", "corrected_hi", "corrected_method", "agreement_design", "agreement_n",
+    "agreement_no_answer", *SUMMARY_METRICS,
     "requests", "input_tokens", "output_tokens", "busy_s", "gpu_hours", "cost_usd", "confidence", "note",
 ]
 # models.csv column -> the column of the model's prevalence.csv / agreement.csv it is copied from
 PREVALENCE_FIELDS = {c: c for c in ("posts", "answered", "no_answer", "model_share", "model_lo", "model_hi",
                                     "human_n", "human_share", "human_lo", "human_hi", "human_ci_method",
                                     "corrected", "corrected_lo", "corrected_hi", "corrected_method")}
-AGREEMENT_FIELDS = {"agreement_n": "n", **{c: c for c in SUMMARY_METRICS}}
+AGREEMENT_FIELDS = {"agreement_design": "design", "agreement_n": "n", "agreement_no_answer": "no_model_answer",
+                    **{c: c for c in SUMMARY_METRICS}}
 THROUGHPUT_FIELDS = ("requests", "input_tokens", "output_tokens", "busy_s", "gpu_hours", "cost_usd")
 PAIR_COUNTS = ["both_answered", "both_yes", "only_a_yes", "only_b_yes", "both_no", "only_a_answered",
                "only_b_answered"]
@@ -51,7 +63,6 @@ MODEL_AGREEMENT_COLUMNS = [
     "kappa", "kappa_lo", "kappa_hi", "a_yes_share", "b_yes_share", "yes_share_difference", "confidence",
     "ci_method", "note",
 ]
-DISAGREEMENT_KINDS = ("answers differ", "some gave no answer")
 # Rows of disagreements.csv shown in compare.md; the file holds them all.
 DISAGREEMENTS_SHOWN = 20
 SUMMARY_FILES = ("prevalence.csv", "agreement.csv", "throughput.csv")
@@ -83,10 +94,10 @@ class CompareError(ValueError):
 # Entry point
 
 def run(config: dict[str, Any], models: list[tuple[str, str, str]], inventory_path: str,
-        human_labels_path: str | None, compare_dir: str) -> None:
+        human_labels_path: str | None, compare_dir: str, human_design_path: str | None = None) -> None:
     """Write models.csv, model_agreement.csv, disagreements.csv, plots/prevalence_by_model.png and
     compare.md into ``compare_dir``. ``models``: (name, labels_path, summary_dir) per model, in the
-    config's order."""
+    config's order; the human labels and their design as each model's aggregate read them."""
     compare_dir = Path(compare_dir)
     confidence = float(config["stats"]["confidence"])
     ids = question_ids(config)
@@ -99,8 +110,8 @@ def run(config: dict[str, Any], models: list[tuple[str, str, str]], inventory_pa
 
     con = duck.connect()
     duck.parquet_view(con, "inventory", inventory_path)
-    aggregate.register_table(con, "questions", pa.table({"question": ids, "position": list(range(len(ids)))}))
-    aggregate.register_table(con, "models", pa.table({"position": list(range(len(names))), "name": names}))
+    register_table(con, "questions", pa.table({"question": ids, "position": list(range(len(ids)))}))
+    register_table(con, "models", pa.table({"position": list(range(len(names))), "name": names}))
     con.execute(MODEL_ANSWERS_TABLE)
     described = [_load_model(con, ids, position, name, labels_path, inventory_path)
                  for position, (name, labels_path, _) in enumerate(models)]
@@ -110,15 +121,15 @@ def run(config: dict[str, Any], models: list[tuple[str, str, str]], inventory_pa
     # The human labels every model's summary was made with; the post sets are equal, so the first
     # model's labels serve for checking them.
     duck.parquet_view(con, "labels", described[0]["labels_path"])
-    human = aggregate.load_human_labels(con, human_labels_path)
+    human = load_human_labels(con, human_labels_path, human_design_path)
     _check_human_counts(con, described, ids, human_labels_path)
 
     model_rows = models_table(described, ids, confidence)
     pair_rows = model_agreement(con, confidence, int(config["stats"]["bootstrap_samples"]))
-    aggregate.write_csv(compare_dir / "models.csv", MODELS_COLUMNS, model_rows)
-    aggregate.write_csv(compare_dir / "model_agreement.csv", MODEL_AGREEMENT_COLUMNS, pair_rows)
+    write_csv(compare_dir / "models.csv", MODELS_COLUMNS, model_rows)
+    write_csv(compare_dir / "model_agreement.csv", MODEL_AGREEMENT_COLUMNS, pair_rows)
     disagreements = write_disagreements(con, names, compare_dir / "disagreements.csv")
-    plots.prevalence_by_model([_parsed(r) for r in model_rows], compare_dir / "plots" / "prevalence_by_model.png",
+    plots.prevalence_by_model([parsed_row(r) for r in model_rows], compare_dir / "plots" / "prevalence_by_model.png",
                               confidence)
     write_text(compare_markdown(config, described, ids, model_rows, pair_rows, disagreements, human),
                compare_dir / "compare.md")
@@ -132,8 +143,8 @@ def run(config: dict[str, Any], models: list[tuple[str, str, str]], inventory_pa
 def _load_model(con, ids: Sequence[str], position: int, name: str, labels_path, inventory_path) -> dict[str, Any]:
     """Check one model's labels.parquet and add its answers to table ``model_answers``."""
     duck.parquet_view(con, "labels", labels_path)
-    aggregate.check_label_columns(con, ids, labels_path)
-    other_questions = [c for c in aggregate.relation_columns(con, "labels") if c not in FIXED_COLUMNS and c not in ids]
+    check_label_columns(con, ids, labels_path)
+    other_questions = [c for c in relation_columns(con, "labels") if c not in FIXED_COLUMNS and c not in ids]
     if other_questions:
         raise CompareError(f"{labels_path} (model {name}) holds question column(s) {other_questions} that "
                            f"classify.questions does not have ({list(ids)}): it was labelled with another question "
@@ -144,10 +155,7 @@ def _load_model(con, ids: Sequence[str], position: int, name: str, labels_path, 
                            + "; ".join(f"{problem}: {n} post(s), e.g. {', '.join(map(str, examples))}"
                                        for problem, n, examples in problems)
                            + ". Every model must label the same inventory: rerun its merge.")
-    answers = duck.sql("answers_long",
-                       question_names=", ".join(duck.literal(q) for q in ids),
-                       question_columns=", ".join(duck.identifier(q) for q in ids),
-                       question_probs=", ".join(aggregate.answer_prob_expressions(con, ids)))
+    answers = answers_long_sql(con, ids)
     con.execute(MODEL_ANSWERS_INSERT.format(answers_long=answers), {"position": position, "name": name})
     provenance = provenance_counts(con)
     return {"name": name, "position": position, "labels_path": str(labels_path), "provenance": provenance,
@@ -173,11 +181,11 @@ def _read_summary(con, ids: Sequence[str], model: dict, summary_dir: Path, confi
         raise CompareError(f"{summary_dir / 'prevalence.csv'} (model {name}) holds questions {list(prevalence)}, "
                            f"not classify.questions {list(ids)}: rerun the model's aggregate")
     levels = {r["confidence"] for r in prevalence.values()}
-    if any(_float(level) != confidence for level in levels):
+    if any(to_float(level) != confidence for level in levels):
         raise CompareError(f"{summary_dir / 'prevalence.csv'} (model {name}) has intervals at confidence "
                            f"{sorted(levels)}, not stats.confidence {confidence}: rerun the model's aggregate")
     con.execute(ONE_MODEL_ANSWERS.format(position=model["position"]))
-    counted = {r["question"]: r for r in aggregate.query_rows(con, duck.sql("prevalence_model"))}
+    counted = {r["question"]: r for r in query_rows(con, duck.sql("prevalence_model"))}
     for qid in ids:
         expected = counted.get(qid, {"posts": 0, "answered": 0, "yes": 0})
         found = prevalence[qid]
@@ -246,7 +254,7 @@ def model_agreement(con, confidence: float, bootstrap_samples: int) -> list[dict
     method = (f"Wilson: agreement; percentile bootstrap ({bootstrap_samples} resamples of the posts both "
               "answered): kappa")
     rows = []
-    for c in aggregate.query_rows(con, duck.sql("compare_pairs")):
+    for c in query_rows(con, duck.sql("compare_pairs")):
         both_yes, only_a, only_b, both_no = (int(c[k]) for k in ("both_yes", "only_a_yes", "only_b_yes", "both_no"))
         n = int(c["both_answered"])
         seed = zlib.crc32(f"{c['question']}|{c['model_a']}|{c['model_b']}".encode())
@@ -287,276 +295,9 @@ def write_disagreements(con, names: Sequence[str], path: Path) -> dict[str, Any]
     counts = con.execute(DISAGREEMENT_COUNTS).fetchall()
     return {"total": sum(n for _, _, n, _ in counts),
             "counts": {(q, kind): (n, labelled) for q, kind, n, labelled in counts},
-            "first": aggregate.query_rows(con, DISAGREEMENTS_FIRST.format(limit=DISAGREEMENTS_SHOWN))}
+            "first": query_rows(con, DISAGREEMENTS_FIRST.format(limit=DISAGREEMENTS_SHOWN))}
 
 
 def _quoted(column: str) -> str:
     """A generated column name as a SQL identifier (model names hold dots and dashes)."""
     return '"' + column.replace('"', '""') + '"'
-
-
-# --------------------------------------------------------------------------------------------
-# compare.md
-
-def _float(value) -> float:
-    if value is None or value == "":
-        return math.nan
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
-
-
-def _parsed(row: dict[str, Any]) -> dict[str, Any]:
-    """A models.csv row with its numbers as floats (NaN where empty), for text and plot."""
-    text = {"model", "model_id", "server", "question", "human_ci_method", "corrected_method", "note"}
-    return {k: (v if k in text else _float(v)) for k, v in row.items()}
-
-
-def _finite(x) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)
-
-
-def _num(x, digits: int = 2) -> str:
-    return f"{x:.{digits}f}" if _finite(x) else "n/a"
-
-
-def _pct(x) -> str:
-    return f"{100 * x:.1f}%" if _finite(x) else "n/a"
-
-
-def _interval(r: dict, key: str, fmt=_num, bounds: str | None = None) -> str:
-    """``key`` with its interval, ``<bounds>_lo`` and ``<bounds>_hi`` (bounds: ``key`` unless given)."""
-    bounds = bounds or key
-    return f"{fmt(r[key])} [{fmt(r[bounds + '_lo'])}, {fmt(r[bounds + '_hi'])}]"
-
-
-def _sig(x: float) -> str:
-    """Two significant digits, no exponent: 3.1, 24, 0.52, 1,240."""
-    if not _finite(x):
-        return "n/a"
-    if x == 0:
-        return "0"
-    digits = max(0, 1 - math.floor(math.log10(abs(x))))
-    return f"{round(x, digits):,.{digits}f}"
-
-
-def _cost_text(r: dict) -> str:
-    return f"{_sig(r['gpu_hours'])} GPU-hours (${_sig(r['cost_usd'])})"
-
-
-def _overlap(a: dict, b: dict, key: str) -> bool | None:
-    """Whether the intervals of ``key`` overlap; None when one is not available."""
-    lo_a, hi_a, lo_b, hi_b = (r[key + s] for r in (a, b) for s in ("_lo", "_hi"))
-    if not all(_finite(x) for x in (lo_a, hi_a, lo_b, hi_b)):
-        return None
-    return lo_a <= hi_b and lo_b <= hi_a
-
-
-def _cost_ratio(r: dict, cheapest: dict | None) -> float:
-    if cheapest is None or r is cheapest or not _finite(r["cost_usd"]) or not cheapest["cost_usd"] > 0:
-        return math.nan
-    return r["cost_usd"] / cheapest["cost_usd"]
-
-
-def _question_section(qid: str, rows: list[dict], pairs: list[dict], disagreements: dict,
-                      human: dict | None) -> list[str]:
-    out = [f"### {qid}", ""]
-    for r in rows:
-        if not r["answered"]:
-            out.append(f"- **{r['model']}**: answered none of the {int(r['posts']):,} classified posts (every request "
-                       "failed or gave no answer for this question): no share and no agreement with the human labels.")
-            continue
-        sentences = []
-        if human and _finite(r["agreement_n"]) and r["agreement_n"] > 0:
-            sentences.append(f"Against the humans on the {int(r['agreement_n']):,} labelled posts it answered: F1 "
-                             f"{_interval(r, 'f1')}, precision {_interval(r, 'precision')}, recall "
-                             f"{_interval(r, 'recall')}, kappa {_interval(r, 'kappa')}.")
-        elif human and _finite(r["human_n"]) and r["human_n"] > 0:
-            sentences.append("None of the human-labelled posts has an answer of this model.")
-        elif human:
-            sentences.append("No human label for this question.")
-        if _finite(r["corrected"]):
-            sentences.append(f"Corrected prevalence {_interval(r, 'corrected', _pct)} of all {int(r['posts']):,} "
-                             f"classified posts ({r['corrected_method']}).")
-        sentences.append(f"Its own \"yes\" share: {_interval(r, 'model_share', _pct, 'model')} of the "
-                         f"{int(r['answered']):,} posts it answered.")
-        out.append(f"- **{r['model']}**: " + " ".join(sentences))
-    if human:
-        human_row = next((r for r in rows if _finite(r["human_share"])), None)
-        if human_row:
-            out.append(f"- Human labels alone ({int(human_row['human_n']):,} posts): "
-                       f"{_interval(human_row, 'human_share', _pct, 'human')} ({human_row['human_ci_method']}).")
-        costed = [r for r in rows if _finite(r["cost_usd"])]
-        cheapest = min(costed, key=lambda r: r["cost_usd"]) if costed else None
-        parts = []
-        for r in rows:
-            if not _finite(r["f1"]):
-                continue
-            part = f"{r['model']}: F1 {_interval(r, 'f1')} at {_cost_text(r)}"
-            ratio = _cost_ratio(r, cheapest)
-            if _finite(ratio):
-                part += f", {ratio:.1f} x the cost"
-            parts.append(part)
-        if len(parts) > 1:
-            out.append("- What each model reaches, at what cost: " + "; ".join(parts) + ".")
-        out += [f"- {sentence}" for sentence in _verdicts(rows, cheapest)]
-    for p in pairs:
-        if not p["both_answered"]:
-            out.append(f"- {p['model_a']} and {p['model_b']} never both answered a post.")
-            continue
-        diff = p["yes_share_difference"]
-        s = (f"- {p['model_a']} and {p['model_b']} agree on {_interval(p, 'agreement', _pct)} of the "
-             f"{p['both_answered']:,} posts both answered, kappa {_interval(p, 'kappa')}; {p['model_a']} says "
-             f"\"yes\" on {_pct(p['a_yes_share'])} of them, {p['model_b']} on {_pct(p['b_yes_share'])} "
-             f"({100 * diff:+.1f} points).")
-        if p["only_a_answered"] or p["only_b_answered"]:
-            s += (f" {p['only_a_answered']:,} post(s) only {p['model_a']} answered, {p['only_b_answered']:,} "
-                  f"only {p['model_b']}.")
-        out.append(s)
-    if len(rows) > 1:
-        counts = [disagreements["counts"].get((qid, kind), (0, 0)) for kind in DISAGREEMENT_KINDS]
-        (differ, differ_labelled), (failed, failed_labelled) = counts
-        if differ or failed:
-            out.append(f"- disagreements.csv: {differ:,} post(s) where the answers differ ({differ_labelled:,} with a "
-                       f"human label), {failed:,} where some model gave no answer ({failed_labelled:,} with a human "
-                       "label).")
-        else:
-            out.append("- The models gave the same answer on every post of this question that any of them answered, "
-                       "and none failed where another answered.")
-    out.append("")
-    return out
-
-
-def _verdicts(rows: list[dict], cheapest: dict | None) -> list[str]:
-    """Per pair of models with F1 intervals: better only when the intervals do not overlap."""
-    out = []
-    rated = [r for r in rows if _finite(r["f1"])]
-    for i, a in enumerate(rated):
-        for b in rated[i + 1:]:
-            overlap = _overlap(a, b, "f1")
-            if overlap is None:
-                out.append(f"{a['model']} and {b['model']}: an F1 interval is not available (see the notes in "
-                           "models.csv), so no verdict.")
-            elif overlap:
-                out.append(f"{a['model']} and {b['model']}: their F1 intervals overlap: this human sample cannot tell "
-                           "them apart on this question.")
-            else:
-                better, worse = (a, b) if a["f1_lo"] > b["f1_hi"] else (b, a)
-                s = (f"{better['model']}'s F1 interval lies above {worse['model']}'s: on this question "
-                     f"{better['model']} agrees better with the human labels")
-                if _finite(better["cost_usd"]) and _finite(worse["cost_usd"]) and worse["cost_usd"] > 0:
-                    ratio = better["cost_usd"] / worse["cost_usd"]
-                    s += (f", at {ratio:.1f} x the cost of {worse['model']}" if ratio >= 1 else
-                          f", and costs less ({_sig(ratio)} x the cost of {worse['model']})")
-                out.append(s + ".")
-    return out
-
-
-def compare_markdown(config: dict, described: Sequence[dict], ids: Sequence[str], model_rows: Sequence[dict],
-                     pair_rows: Sequence[dict], disagreements: dict, human: dict | None) -> str:
-    c = f"{float(config['stats']['confidence']):.0%}"
-    rows = [_parsed(r) for r in model_rows]
-    names = [d["name"] for d in described]
-    out = ["# Model comparison", ""]
-    posts = int(rows[0]["posts"]) if rows and _finite(rows[0]["posts"]) else 0
-    models = f"{len(described)} model{'s' if len(described) > 1 else ''}"
-    out.append(f"{models} labelled the same {posts:,} classified posts: "
-               + ", ".join(f"{d['name']} (`{'; '.join(d['model_ids']) or 'no answer recorded'}`)" for d in described)
-               + f". Every interval is at {c}. Each model's own numbers come from its summary "
-               + ", ".join(f"`{d['summary']['dir']}`" for d in described) + ".")
-    out.append("")
-    if len(described) == 1:
-        out += ["Only one model is configured: there is no pair to compare; its numbers are listed for reference.", ""]
-    if human:
-        out.append(f"Human labels: `{human['path']}` ({human['usable']:,} usable rows on {human['posts']:,} posts), "
-                   "the same for every model. A model is called better than another only when their F1 intervals "
-                   "do not overlap.")
-    else:
-        out.append("**No human labels are configured** (config key `human_labels`): which model is right cannot be "
-                   "told. Only the agreement between the models and each model's own share are given; the shares "
-                   "are not corrected for the models' errors.")
-    for warning in _provenance_warnings(described):
-        out += ["", warning]
-    out += ["", "## Per question", ""]
-    for qid in ids:
-        out += _question_section(qid, [r for r in rows if r["question"] == qid],
-                                 [p for p in pair_rows if p["question"] == qid], disagreements, human)
-
-    out += ["## Tokens, busy time and cost", "",
-            "| model | requests | input tokens | output tokens | busy hours | GPU-hours | cost (USD) |",
-            "|---|---:|---:|---:|---:|---:|---:|"]
-    for name in names:
-        r = next(r for r in rows if r["model"] == name)
-        cells = [_count(r["requests"]), _count(r["input_tokens"]), _count(r["output_tokens"]),
-                 _num(r["busy_s"] / 3600), _num(r["gpu_hours"]), _num(r["cost_usd"])]
-        out.append(f"| {name} | " + " | ".join(cells) + " |")
-    out += ["", f"Busy time: the time with a request in flight, summed over shard jobs; GPU-hours and cost at each "
-                f"model's GPUs per job and ${config['cost']['gpu_hour_usd']} per GPU-hour (server start-up not "
-                "included), as in each model's summary. Before a full run, `snakemake estimate` projects each model's "
-                "wall time, GPU-hours and cost from a pilot, start-up included: results/estimate.md.", ""]
-
-    out += ["## Disagreements", ""]
-    if len(described) == 1:
-        out.append("One model: nothing to disagree on.")
-    elif not disagreements["total"]:
-        out.append("None: on every post and question the models that answered gave the same answer, and none "
-                   "failed where another answered.")
-    else:
-        out.append(f"`disagreements.csv` lists all {disagreements['total']:,} (post, question) pairs where the models' "
-                   "answers differ (`kind` = answers differ) or some model gave no answer while another did (`kind` = "
-                   "some gave no answer): posts with a human label first, then by post id. Open a post's video at "
-                   "`video_path`; `answer_<model>` is each model's answer, `p_yes_<model>` its probability of "
-                   "\"yes\" where the server gave log-probabilities, `human_label` the resolved human label.")
-        shown = disagreements["first"]
-        out += ["", f"The first {len(shown)} of {disagreements['total']:,}:", "",
-                "| post_id | question | kind | " + " | ".join(names) + " | human | video_path |",
-                "|---|---|---|" + "---|" * len(names) + "---|---|"]
-        for d in shown:
-            answers = [_answer_cell(d[f"answer_{n}"], d[f"p_yes_{n}"]) for n in names]
-            out.append(f"| {d['post_id']} | {d['question']} | {d['kind']} | " + " | ".join(answers)
-                       + f" | {d['human_label'] or ''} | {d['video_path'] or ''} |")
-    out += ["", "## How these numbers are made", "",
-            "- Per model (models.csv): copied from the model's own summary (prevalence.csv, agreement.csv, the `all` "
-            "row of throughput.csv); summary.md there explains them.",
-            "- A model's own share is over the posts it answered; its interval reflects sampling only, not the "
-            "model's errors. The corrected share (all classified posts) combines the model's predictions with the "
-            "human labels.",
-            "- Agreement with the humans: precision, recall (Wilson intervals), F1 and kappa (percentile bootstrap) on "
-            "the human-labelled posts the model answered; a model that failed on more labelled posts is measured on "
-            "fewer.",
-            "- Better or not: two models are told apart only when their F1 intervals do not overlap. Overlapping "
-            "intervals mean this sample does not separate them; more human labels would.",
-            "- Between models (model_agreement.csv): on the posts both answered, the share on which they agree "
-            "(Wilson) and Cohen's kappa (percentile bootstrap); `yes_share_difference` is A's \"yes\" share minus "
-            "B's on those posts.",
-            ""]
-    return "\n".join(out)
-
-
-def _provenance_warnings(described: Sequence[dict]) -> list[str]:
-    out = []
-    for d in described:
-        if len(d["provenance"]) > 1:
-            out.append(f"**WARNING: {d['name']}'s answers come from {len(d['provenance'])} different servers or "
-                       f"settings (mixed provenance)**: " + "; ".join(
-                           f"{r.answers:,} by {r.server or 'an unknown server'} under settings "
-                           f"`{r.settings_fingerprint}`"
-                           for r in d["provenance"])
-                       + f". Its numbers mix them; rerun its classify under one setting if they must not be mixed "
-                       f"(its summary.md lists them).")
-    prompts = {p for d in described for p in d["prompts"]}
-    if len(prompts) > 1:
-        out.append(f"**WARNING: the models' answers come from {len(prompts)} different prompts or question texts** "
-                   "(labels' `prompt_hash`): the comparison is of model and prompt together.")
-    return out
-
-
-def _count(x) -> str:
-    return f"{int(x):,}" if _finite(x) else "n/a"
-
-
-def _answer_cell(answer, p_yes) -> str:
-    if answer is None:
-        return "no answer"
-    return f"{answer} (P(yes) {p_yes:.2f})" if _finite(p_yes) else str(answer)

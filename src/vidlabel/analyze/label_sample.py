@@ -7,14 +7,15 @@ the files to code it in Label Studio (rule ``label_sample``; docs/human_labels.m
   probabilities at all every answered post gets the same uncertainty (a uniform design over them). A
   post without an answer (status error) has no P(yes): ``sampling.post_uncertainty`` counts it as
   maximally uncertain, so failed posts, which are part of the population, are drawn more often.
-- Design: ``sampling.inclusion_probabilities`` (budget, floor share) and ``sampling.draw`` (seed); pi is
-  fixed here, before any new label is seen, and kept for every post in ``design.parquet``.
-- Burn-in: an existing uniform human sample (``label_sample.burn_in``). ``sampling.burn_in_design``
-  recalibrates each question's P(yes) on its resolved labels (``human_resolved``: adjudication, else
-  majority; a tie is 0.5 and enters the fit as 0.5, the value the estimator gives it), spreads the
-  budget over the other posts (drawn with ``pi_draw``), and gives every post its inclusion
-  probability in the union of the two samples. That union probability is every labelled post's
-  ``sampling_probability``, burn-in posts included (``burn_in_labels.csv``, ``collect``).
+- Designs (``label_sample.design``): ``two_phase`` (the default) draws in two runs. Without
+  ``label_sample.burn_in`` it draws a uniform burn-in (``sampling.burn_in_size``); once that is coded
+  and collected, ``label_sample.burn_in`` names the labels and the same rule draws the rest with
+  ``sampling.two_phase_design`` (the model's P(yes) checked on the burn-in's resolved labels:
+  adjudication, else majority, a tie as 0.5; a mixture of the uniform and the active design). ``active``
+  and ``uniform`` draw once (``sampling.inclusion_probabilities``, ``sampling.draw``).
+- ``design.parquet`` (``sample_design``) records the frame (every post of the population) with each
+  post's pi, fixed here before any new label is seen, and when, from which labels file and how it was
+  drawn; aggregate reads it (config key ``human_design``).
 """
 
 from __future__ import annotations
@@ -24,33 +25,34 @@ import csv
 import json
 import logging
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from vidlabel.analyze import labelstudio, sampling
-from vidlabel.analyze.aggregate import load_human_labels
+from vidlabel.analyze import sample_design as sd
+from vidlabel.analyze.humans import load_human_labels
 from vidlabel.analyze.merge import question_ids
 from vidlabel.core import duck
-from vidlabel.core.io import atomic_path, write_parquet, write_text
+from vidlabel.core.io import atomic_path, write_text
+from vidlabel.core.settings import fingerprint
 
 log = logging.getLogger(__name__)
 
 SAMPLE_COLUMNS = ("post_id", "video_path", "caption", "transcript", "questions", "pi", "seed", "design")
 # The human-labels file (aggregate's format); adjudication carries a burn-in's adjudicated labels and
-# those of the annotations set as ground truth in Label Studio.
-HUMAN_LABEL_COLUMNS = labelstudio.EXPORT_COLUMNS
-# design.parquet / sample.csv: how a post came into the human sample.
-DESIGN_ACTIVE, DESIGN_UNIFORM, DESIGN_BURN_IN = "active", "uniform", "burn_in"
-DESIGN_AFTER_BURN_IN = "after_burn_in"  # drawn by sampling.burn_in_design after a burn-in
+# those of the annotations set as ground truth in Label Studio, phase the phase of a two-phase design a
+# label belongs to (1 burn-in, 2 second draw; empty for one phase).
+HUMAN_LABEL_COLUMNS = (*labelstudio.EXPORT_COLUMNS, "phase")
 # label_sample.floor_share null: the floor the simulations support for each design (docs/human_labels.md,
-# docs/statistics.md): 0.4 for an active design on the raw model probabilities, 0.2 after a burn-in
-# (the recalibration, not the floor, then guards against an uninformative model).
+# docs/statistics.md): 0.4 for a one-phase active design on the raw model probabilities, 0.2 for the
+# active part of a two-phase design's second draw (the burn-in, not the floor, then guards against an
+# uninformative model).
 FLOOR_SHARE_ACTIVE = 0.4
-FLOOR_SHARE_AFTER_BURN_IN = 0.2
+FLOOR_SHARE_SECOND_PHASE = 0.2
 # A task's pi (written as JSON or CSV text) may differ from design.parquet's by rounding only.
 PI_TOLERANCE = 1e-9
 # The choice whose probability drives the design (yes/no questions).
@@ -62,11 +64,9 @@ SELECT post_id FROM labels
 WHERE answer_probs IS NOT NULL
   AND coalesce(json_type(TRY_CAST(CAST(answer_probs AS VARCHAR) AS JSON)) <> 'OBJECT', true)
 """
-# The resolved burn-in labels (table human_resolved of aggregate.load_human_labels): one y per post
+# The resolved burn-in labels (table human_resolved of humans.load_human_labels): one y per post
 # and question, 0.5 for a tie.
 BURN_IN_RESOLVED_SQL = "SELECT post_id, question, y FROM human_resolved"
-# The questions a burn-in labels (usable rows of human_checked).
-BURN_IN_QUESTIONS_SQL = "SELECT DISTINCT question FROM human_checked WHERE issue IS NULL ORDER BY question"
 # Caption, transcript and the original video of the sampled posts, from the manifest shards, and the
 # video's frame rate from the inventory (Label Studio's frameRate).
 SAMPLED_POSTS_SQL = """
@@ -149,11 +149,13 @@ def p_yes(probabilities: np.ndarray, answers: np.ndarray, ok: np.ndarray, ids: l
     return out
 
 
-def floor_share(settings: dict[str, Any], burn_in: bool) -> float:
+def floor_share(settings: dict[str, Any]) -> float:
     """``label_sample.floor_share``, or when it is null the floor of the design in use."""
+    if settings["design"] == sd.KIND_UNIFORM:
+        return 1.0
     if settings["floor_share"] is not None:
         return float(settings["floor_share"])
-    return FLOOR_SHARE_AFTER_BURN_IN if burn_in else FLOOR_SHARE_ACTIVE
+    return FLOOR_SHARE_SECOND_PHASE if settings["design"] == sd.KIND_TWO_PHASE else FLOOR_SHARE_ACTIVE
 
 
 def read_burn_in(con, path: str | Path, ids: list[str], all_ids: list[str],
@@ -189,30 +191,35 @@ def read_burn_in(con, path: str | Path, ids: list[str], all_ids: list[str],
     return burn_in, y
 
 
-def burn_in_rows(con, post_ids: list[str], pi: np.ndarray, burn_in: np.ndarray, ids: list[str]) -> pa.Table:
-    """The burn-in's usable rows in human-label format, each with its sampling probability: the post's
-    union pi for a sampled question, n0/N for a question the new draw does not code (its sample is the
-    burn-in alone)."""
-    burn_posts = [post_ids[i] for i in np.flatnonzero(burn_in)]
-    burn_pi = pi[burn_in]
-    questions = [q for (q,) in con.execute(BURN_IN_QUESTIONS_SQL).fetchall()]
-    alone = float(burn_in.sum()) / burn_in.size
-    probability = [(post_id, question, float(p) if question in ids else alone)
-                   for post_id, p in zip(burn_posts, burn_pi) for question in questions]
-    con.register("burn_in_probability", pa.table({
-        "post_id": pa.array([r[0] for r in probability], pa.string()),
-        "question": pa.array([r[1] for r in probability], pa.string()),
-        "sampling_probability": pa.array([r[2] for r in probability], pa.float64())}))
-    return con.sql(duck.sql("label_sample_burn_in")).to_arrow_table()
+def burn_in_rows(con, pi_burn_in: float) -> pa.Table:
+    """The burn-in's usable rows in human-label format (every coder's label, adjudications kept), each
+    with the burn-in's sampling probability n0/N and phase 1."""
+    return con.sql(duck.sql("label_sample_burn_in"), params={"pi": pi_burn_in}).to_arrow_table()
+
+
+class _Draw(NamedTuple):
+    """One run's draw: every post's pi (in its phase), drawn, coded now, phase, how it came into the
+    sample, the second draw's P(yes) (None otherwise); what the design file's description adds; the
+    burn-in's labels to pass on."""
+
+    pi: np.ndarray
+    drawn: np.ndarray
+    coded: np.ndarray
+    phase: list
+    post_design: np.ndarray
+    calibrated: list
+    metadata: dict[str, Any]
+    burn_in_rows: pa.Table | None
 
 
 def run(config: dict[str, Any], labels_path: str | Path, manifest_paths: list[str | Path],
         burn_in_path: str | Path | None, outputs: dict[str, str | Path],
         inventory_path: str | Path | None = None) -> None:
-    """Draw the sample and write ``outputs``: sample (CSV), design (Parquet), burn_in (CSV, the burn-in's
-    labels in human-label format, header only without one), ls_config (XML), ls_tasks (JSON, each
-    video's frame rate from ``inventory_path``, the rule's inventory.parquet)."""
+    """Draw the sample and write ``outputs``: sample (CSV), design (Parquet, ``sample_design``), burn_in
+    (CSV, the burn-in's labels in human-label format, header only without one), ls_config (XML),
+    ls_tasks (JSON, each video's frame rate from ``inventory_path``, the rule's inventory.parquet)."""
     settings = config["label_sample"]
+    kind = settings["design"]
     questions = sample_questions(config)
     ids = [q["id"] for q in questions]
     con = duck.connect()
@@ -221,53 +228,90 @@ def run(config: dict[str, Any], labels_path: str | Path, manifest_paths: list[st
     ok = status == "ok"
     model_p_yes = p_yes(probabilities, answers, ok, ids)
     uncertainty = sampling.post_uncertainty(model_p_yes)
-    budget, seed = float(settings["budget"]), int(settings["seed"])
-    floor = floor_share(settings, bool(burn_in_path))
-
-    burn_in = np.zeros(len(post_ids), dtype=bool)
+    budget, seed, floor = float(settings["budget"]), int(settings["seed"]), floor_share(settings)
+    if burn_in_path and kind != sd.KIND_TWO_PHASE:
+        raise SampleError(f"config key 'label_sample.burn_in' is for label_sample.design two_phase, not {kind}")
     if burn_in_path:
-        burn_in, y_burn_in = read_burn_in(con, burn_in_path, ids, question_ids(config), post_ids)
-    candidates = ~burn_in
-    if budget > candidates.sum():
-        raise SampleError(f"config key 'label_sample.budget': {budget:g} is more than the {int(candidates.sum())} "
-                          "posts left to sample")
-    if burn_in.any():
-        # The budget counts the posts to code now; burn_in_design's budget counts the burn-in as well.
-        try:
-            pi, pi_draw = sampling.burn_in_design(model_p_yes, burn_in, y_burn_in, burn_in.sum() + budget, floor)
-        except ValueError as exc:
-            raise SampleError(f"config key 'label_sample.burn_in': {burn_in_path}: {exc} "
-                              f"(questions in order: {ids})") from None
-        design = np.where(burn_in, DESIGN_BURN_IN, DESIGN_AFTER_BURN_IN)
-        log.info("burn-in: %d posts already coded, from %s; P(yes) recalibrated on their labels", int(burn_in.sum()),
-                 burn_in_path)
-        burn_in_table = burn_in_rows(con, post_ids, pi, burn_in, ids)
+        draw = _second_draw(con, config, burn_in_path, post_ids, ids, model_p_yes, budget, seed, floor)
+    elif kind == sd.KIND_TWO_PHASE:
+        draw = _burn_in_draw(model_p_yes, budget, seed, float(settings["burn_in_share"]))
     else:
-        pi = pi_draw = sampling.inclusion_probabilities(uncertainty, budget, floor)
-        uniform = np.ptp(pi) <= 1e-12 * pi.max()
-        design = np.full(len(post_ids), DESIGN_UNIFORM if uniform else DESIGN_ACTIVE)
-        burn_in_table = pa.table({c: pa.array([], pa.float64() if c == "sampling_probability" else pa.string())
-                                  for c in HUMAN_LABEL_COLUMNS})
+        draw = _one_draw(uncertainty, budget, seed, floor)
+    metadata = {"design": kind, "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "labels_path": str(labels_path), "labels_sha256": sd.file_digest(labels_path),
+                "frame_posts": len(post_ids), "budget": budget, "seed": seed, "floor_share": floor, "questions": ids,
+                "model": settings["model"], "settings": fingerprint(config, "label_sample"), "phase": 1,
+                **draw.metadata}
+    burn_in_table = draw.burn_in_rows if draw.burn_in_rows is not None else pa.table(
+        {c: pa.array([], pa.float64() if c == "sampling_probability" else pa.string()) for c in HUMAN_LABEL_COLUMNS})
     _write_csv(outputs["burn_in"], HUMAN_LABEL_COLUMNS, burn_in_table.to_pylist())
-    drawn = burn_in | sampling.draw(pi_draw, seed)
-
-    write_parquet(pa.table({"post_id": pa.array(post_ids, pa.string()), "status": pa.array(status.tolist()),
-                            "uncertainty": uncertainty, "pi": pi, "pi_draw": pi_draw, "drawn": drawn,
-                            "design": pa.array(design.tolist(), pa.string())}), outputs["design"])
-    new = np.flatnonzero(drawn & candidates)
+    sd.write_design(outputs["design"], {"post_id": post_ids, "status": status.tolist(), "uncertainty": uncertainty,
+                                        "pi": draw.pi, "drawn": draw.drawn, "phase": draw.phase,
+                                        "design": draw.post_design.tolist(), "calibrated": draw.calibrated}, metadata)
+    new = np.flatnonzero(draw.coded)
     new = new[np.random.default_rng((seed, 1)).permutation(new.size)]  # coding order: a stop part-way is random
-    rows = _sample_rows(con, manifest_paths, inventory_path, [post_ids[i] for i in new], pi[new], design[new], ids,
+    rows = _sample_rows(con, manifest_paths, inventory_path, [post_ids[i] for i in new], draw.pi[new],
+                        draw.post_design[new], ids,
                         seed)
     _write_csv(outputs["sample"], SAMPLE_COLUMNS, rows)
     for row in rows:
         row["video"] = labelstudio.video_url(settings["video_url"], row["video_path"], config["media_root"])
     write_text(labelstudio.labelling_config(questions), outputs["ls_config"])
     write_text(json.dumps(labelstudio.tasks(rows), ensure_ascii=False, indent=1) + "\n", outputs["ls_tasks"])
-    share = pi_draw[candidates]
-    log.info("%s design over %d posts (%d ok, %d failed): %d drawn for coding (budget %g, floor share %g, seed %d); "
-             "drawn with pi min %.4g, median %.4g, max %.4g", design[candidates][0] if candidates.any() else "no",
-             int(candidates.sum()), int((ok & candidates).sum()), int((~ok & candidates).sum()), new.size, budget,
-             floor, seed, share.min(), float(np.median(share)), share.max())
+    share = draw.pi[draw.coded] if draw.coded.any() else np.zeros(1)
+    log.info("%s design over %d posts (%d ok, %d failed): %d drawn for coding now (budget %g, floor share %g, seed "
+             "%d); drawn with pi min %.4g, median %.4g, max %.4g", kind, len(post_ids), int(ok.sum()),
+             int((~ok).sum()), new.size, budget, floor, seed, share.min(), float(np.median(share)), share.max())
+
+
+def _one_draw(uncertainty: np.ndarray, budget: float, seed: int, floor: float) -> _Draw:
+    """An active (or, at floor 1, uniform) draw in one round."""
+    n_posts = uncertainty.size
+    if budget > n_posts:
+        raise SampleError(f"config key 'label_sample.budget': {budget:g} is more than the {n_posts} posts to sample")
+    pi = sampling.inclusion_probabilities(uncertainty, budget, floor)
+    drawn = sampling.draw(pi, seed)
+    uniform = np.ptp(pi) <= 1e-12 * pi.max()
+    post_design = np.full(n_posts, sd.POST_UNIFORM if uniform else sd.POST_ACTIVE)
+    return _Draw(pi, drawn, drawn, [None] * n_posts, post_design, [None] * n_posts, {}, None)
+
+
+def _burn_in_draw(model_p_yes: np.ndarray, budget: float, seed: int, share: float) -> _Draw:
+    """The first round of a two-phase design: a uniform burn-in."""
+    n_posts = model_p_yes.shape[0]
+    n_burn = sampling.burn_in_size(model_p_yes, budget, share)
+    drawn = sampling.uniform_sample(n_posts, n_burn, seed)
+    log.info("two-phase design, first draw: a uniform burn-in of %d of the %g labels. Code them, collect them "
+             "(python -m vidlabel.analyze.label_sample collect), set label_sample.burn_in to the collected file and "
+             "run label_sample again for the rest (docs/human_labels.md)", n_burn, budget)
+    return _Draw(np.full(n_posts, n_burn / n_posts), drawn, drawn, [1] * n_posts, np.full(n_posts, sd.POST_BURN_IN),
+                 [None] * n_posts, {"burn_in_posts": n_burn, "pi_burn_in": n_burn / n_posts}, None)
+
+
+def _second_draw(con, config, burn_in_path, post_ids, ids, model_p_yes, budget, seed, floor) -> _Draw:
+    """The second round of a two-phase design, from the coded burn-in (``sampling.two_phase_design``)."""
+    burn_in, y_burn_in = read_burn_in(con, burn_in_path, ids, question_ids(config), post_ids)
+    n_burn, n_posts = int(burn_in.sum()), len(post_ids)
+    if not n_burn < budget <= n_posts:
+        raise SampleError(f"config key 'label_sample.budget': {budget:g} labels in all must exceed the {n_burn} of "
+                          f"the burn-in and fit the {n_posts} posts")
+    try:
+        design = sampling.two_phase_design(model_p_yes, burn_in, y_burn_in, budget, floor)
+    except ValueError as exc:
+        raise SampleError(f"config key 'label_sample.burn_in': {burn_in_path}: {exc} "
+                          f"(questions in order: {ids})") from None
+    kept = {qid: sampling.kept_as_given(model_p_yes[:, q], design.calibrated[:, q]) for q, qid in enumerate(ids)}
+    log.info("two-phase design, second draw: %d burn-in posts from %s; the model's P(yes) kept for %s, recalibrated "
+             "for %s; mixture weight of the active part %.2g", n_burn, burn_in_path,
+             [q for q, k in kept.items() if k] or "none", [q for q, k in kept.items() if not k] or "none",
+             design.mixture)
+    drawn = burn_in | sampling.draw(design.pi, seed)
+    return _Draw(np.where(burn_in, design.pi_burn_in, design.pi), drawn, drawn & ~burn_in,
+                 np.where(burn_in, 1, 2).tolist(), np.where(burn_in, sd.POST_BURN_IN, sd.POST_SECOND_PHASE),
+                 design.calibrated.tolist(),
+                 {"phase": 2, "burn_in_path": str(burn_in_path), "burn_in_posts": n_burn,
+                  "pi_burn_in": design.pi_burn_in, "mixture": design.mixture, "kept_model_probabilities": kept,
+                  "combination": dict(zip(ids, design.combination))}, burn_in_rows(con, design.pi_burn_in))
 
 
 def _sample_rows(con, manifest_paths, inventory_path, post_ids, pi, design, ids, seed) -> list[dict[str, Any]]:
@@ -300,17 +344,21 @@ def _write_csv(path: str | Path, columns, rows) -> None:
 
 def collect(sample_dir: str | Path, export_path: str | Path, output_path: str | Path) -> list[dict[str, Any]]:
     """The human-labels file for aggregate (config key human_labels): the coders' labels from a Label
-    Studio export, each with its post's pi from ``design.parquet``, plus the burn-in labels
-    (``burn_in_labels.csv``, with their own sampling probabilities), both in ``sample_dir``. A label on
-    a post that was not drawn for coding is an error: it is outside the design; so is a burn-in file
-    that does not match ``design.parquet``."""
+    Studio export, each with its post's pi and phase from ``design.parquet``, plus the burn-in labels
+    of a second draw (``burn_in_labels.csv``, with their own sampling probability), both in
+    ``sample_dir``. A label on a post that was not drawn for coding in this draw is an error: it is
+    outside the design; so is a burn-in file that does not match ``design.parquet``."""
     sample_dir = Path(sample_dir)
-    design = pq.read_table(sample_dir / "design.parquet", columns=["post_id", "pi", "drawn", "design"])
-    by_post = {row["post_id"]: row for row in design.to_pylist()}
+    table, metadata = sd.read_design(sample_dir / "design.parquet")
+    by_post = {row["post_id"]: row for row in table.to_pylist()}
+    second_draw = metadata.get("phase") == 2
+
+    def coded_now(post_id):
+        row = by_post.get(post_id)
+        return bool(row and row["drawn"] and not (second_draw and row["design"] == sd.POST_BURN_IN))
+
     export = labelstudio.read_export(export_path).to_pylist()
-    outside = sorted({r["post_id"] for r in export
-                      if r["post_id"] not in by_post or not by_post[r["post_id"]]["drawn"]
-                      or by_post[r["post_id"]]["design"] == DESIGN_BURN_IN})
+    outside = sorted({r["post_id"] for r in export if not coded_now(r["post_id"])})
     if outside:
         raise SampleError(f"{export_path}: {len(outside)} labelled post(s) were not drawn for coding in "
                           f"{sample_dir / 'design.parquet'}, e.g. {outside[:5]}: was the export made from another "
@@ -321,11 +369,12 @@ def collect(sample_dir: str | Path, export_path: str | Path, output_path: str | 
         raise SampleError(f"{export_path}: the pi of {len(changed)} task(s) differs from "
                           f"{sample_dir / 'design.parquet'}, e.g. {changed[:5]}: was the sample drawn again after "
                           "the tasks were imported?")
-    rows = [{**r, "sampling_probability": by_post[r["post_id"]]["pi"]} for r in export]
+    rows = [{**r, "sampling_probability": by_post[r["post_id"]]["pi"],
+             "phase": "" if by_post[r["post_id"]]["phase"] is None else by_post[r["post_id"]]["phase"]} for r in export]
     with open(sample_dir / "burn_in_labels.csv", newline="", encoding="utf-8") as fh:
         burn_in = list(csv.DictReader(fh))
     foreign = sorted({r["post_id"] for r in burn_in
-                      if r["post_id"] not in by_post or by_post[r["post_id"]]["design"] != DESIGN_BURN_IN})
+                      if r["post_id"] not in by_post or by_post[r["post_id"]]["design"] != sd.POST_BURN_IN})
     if foreign:
         raise SampleError(f"{sample_dir / 'burn_in_labels.csv'}: {len(foreign)} post(s) are not burn-in posts of "
                           f"{sample_dir / 'design.parquet'}, e.g. {foreign[:5]}: the two files come from different "

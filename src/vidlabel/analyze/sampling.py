@@ -2,7 +2,7 @@
 
 Each classified post i gets an inclusion probability pi_i fixed from the model's output before any
 human label is seen; each post is then drawn independently (Poisson sampling) with that probability.
-The prevalence estimate from such a sample is ``stats.active_mean`` (Horvitz-Thompson with power
+The prevalence estimate from such a sample is ``estimators.active_mean`` (Horvitz-Thompson with power
 tuning), which stays unbiased whatever the model's quality: only its width depends on it.
 
 - Uncertainty u_i: the expected squared error of a calibrated prediction, p(1 - p) for P(yes) = p.
@@ -14,9 +14,15 @@ tuning), which stays unbiased whatever the model's quality: only its width depen
 - pi ∝ sqrt(u), scaled to sum to the budget, mixed with a uniform floor so that pi_i >= floor_share *
   budget / N (no weight 1/pi explodes, and a post the model is sure about can still be checked), and
   clipped at 1 (the excess is spread over the others so the expected sample size stays = budget).
+- Two phases (label_sample's default): a uniform burn-in (``burn_in_size``, ``uniform_sample``) is
+  coded first; ``two_phase_design`` then checks the model's P(yes) on it (``calibrate``) and draws the
+  rest with a mixture of the uniform and the active design, its weight chosen from the burn-in. The
+  estimate combines the two phases (``estimators.two_phase_mean``).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 
@@ -118,48 +124,125 @@ def _platt_fit(x: np.ndarray, y: np.ndarray, penalty: float) -> np.ndarray:
     return theta
 
 
+def _clip(p: np.ndarray) -> np.ndarray:
+    return np.clip(p, 1e-6, 1 - 1e-6)
+
+
 def _logit(p: np.ndarray) -> np.ndarray:
-    p = np.clip(p, 1e-6, 1 - 1e-6)
+    p = _clip(p)
     return np.log(p / (1 - p))
 
 
-def recalibrate(p_yes: np.ndarray, p_burnin: np.ndarray, y_burnin: np.ndarray, penalty: float = 1.0) -> np.ndarray:
-    """The model's P(yes) recalibrated on a labelled burn-in sample (Platt scaling).
+# The calibration check of ``calibrate``: the model's own P(yes) are kept when a burn-in cannot reject
+# them (likelihood ratio against the recalibrated fit below the chi-square(2) 95 % point) and shows
+# they carry information (the recalibrated fit beats the burn-in's share alone, chi-square(1) 95 %).
+CALIBRATION_REJECT = 5.99
+INFORMATIVE = 3.84
+# A burn-in holds at least this many expected positives (and negatives) of the rarest question, by the
+# model's mean P(yes): with fewer, neither the recalibration nor the estimate has anything to go on.
+BURN_IN_MIN_POSITIVES = 5
+# Candidate weights alpha of the active part in the mixture (1 - alpha) uniform + alpha active.
+MIXTURE_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
-    Fits P(Y = 1) = sigmoid(a + b logit(p)) on the burn-in (``p_burnin``, labels ``y_burnin`` in
-    [0, 1]) by penalised maximum likelihood (ridge ``penalty`` on a and b around the burn-in's
-    share and 0: a small burn-in pulls towards "the model says nothing", the safe side), with b >= 0,
-    and applies it to ``p_yes`` (NaN stays NaN). An over-confident model gets b < 1, an
+
+def burn_in_size(p_yes: np.ndarray, budget: float, share: float) -> int:
+    """Posts of the uniform burn-in: ``share`` of the budget, raised so that the rarest question (by the
+    model's mean P(yes), NaN ignored) expects ``BURN_IN_MIN_POSITIVES`` positives and negatives in it,
+    at most half the budget, at least 1."""
+    p = np.asarray(p_yes, dtype=float)
+    p = p[:, None] if p.ndim == 1 else p
+    n0 = share * budget
+    with np.errstate(invalid="ignore"):
+        means = np.array([np.nanmean(col) if np.isfinite(col).any() else np.nan for col in p.T])
+    rarest = np.nanmin(np.minimum(means, 1 - means)) if np.isfinite(means).any() else np.nan
+    if np.isfinite(rarest) and rarest > 0:
+        n0 = max(n0, BURN_IN_MIN_POSITIVES / rarest)
+    return int(max(1, min(round(n0), budget // 2)))
+
+
+def uniform_sample(n_posts: int, size: int, seed: int) -> np.ndarray:
+    """Boolean mask of a simple random sample of exactly ``size`` of ``n_posts`` posts (seeded)."""
+    if not 0 < size <= n_posts:
+        raise ValueError(f"a uniform sample of {size} of {n_posts} posts is not possible")
+    mask = np.zeros(n_posts, dtype=bool)
+    mask[np.random.default_rng(seed).choice(n_posts, size, replace=False)] = True
+    return mask
+
+
+def _log_likelihood(q: np.ndarray, y: np.ndarray) -> float:
+    q = np.clip(q, 1e-12, 1 - 1e-12)
+    return float(np.sum(y * np.log(q) + (1 - y) * np.log(1 - q)))
+
+
+def calibrate(p_yes: np.ndarray, p_burn_in: np.ndarray, y_burn_in: np.ndarray, penalty: float = 1.0) -> np.ndarray:
+    """The model's P(yes) as the burn-in sees them (one question).
+
+    The model's own probabilities when the burn-in (``p_burn_in``, labels ``y_burn_in`` in [0, 1]) cannot
+    reject them (``CALIBRATION_REJECT``) and shows they carry information (``INFORMATIVE``); otherwise a
+    Platt recalibration P(Y = 1) = sigmoid(a + b logit(p)) by penalised maximum likelihood (ridge
+    ``penalty`` around the burn-in's share and b = 0, b >= 0): an over-confident model gets b < 1, an
     uninformative one b ~ 0, so its probabilities collapse to the share and the design to uniform
-    instead of spending labels on noise. ``burn_in_design`` builds the whole design from it.
+    instead of spending labels on noise. Recalibrating a calibrated model on a small burn-in only adds
+    noise, hence the check. NaN stays NaN.
     """
-    p_b = np.asarray(p_burnin, dtype=float)
-    y_b = np.asarray(y_burnin, dtype=float)
+    p_b = np.asarray(p_burn_in, dtype=float)
+    y_b = np.asarray(y_burn_in, dtype=float)
     keep = np.isfinite(p_b) & np.isfinite(y_b)
     if not keep.any():
-        raise ValueError("no labelled burn-in post with a probability to recalibrate on")
-    a, b = _platt_fit(_logit(p_b[keep]), y_b[keep], penalty)
+        raise ValueError("no labelled burn-in post with a probability to calibrate on")
+    p_b, y_b = p_b[keep], y_b[keep]
+    a, b = _platt_fit(_logit(p_b), y_b, penalty)
     p = np.asarray(p_yes, dtype=float)
+    fitted = 1 / (1 + np.exp(-(a + b * _logit(p_b))))
+    share = float(np.clip(y_b.mean(), 0.5 / (y_b.size + 1), 1 - 0.5 / (y_b.size + 1)))
+    rejected = 2 * (_log_likelihood(fitted, y_b) - _log_likelihood(_clip(p_b), y_b))
+    informative = 2 * (_log_likelihood(fitted, y_b) - _log_likelihood(np.full(y_b.size, share), y_b))
+    if rejected < CALIBRATION_REJECT and informative > INFORMATIVE:
+        return np.where(np.isfinite(p), _clip(p), np.nan)
     return np.where(np.isfinite(p), 1 / (1 + np.exp(-(a + b * _logit(p)))), np.nan)
 
 
-def burn_in_design(p_yes: np.ndarray, burn_in: np.ndarray, y_burn_in: np.ndarray, budget: float,
-                   floor_share: float, penalty: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-    """Active design after a uniform burn-in: (sampling_probability of every post, pi_active).
+def kept_as_given(p_yes: np.ndarray, calibrated: np.ndarray) -> bool:
+    """Whether ``calibrate`` kept the model's own probabilities (where it has them)."""
+    p = np.asarray(p_yes, dtype=float)
+    known = np.isfinite(p)
+    return bool(np.allclose(np.asarray(calibrated)[known], _clip(p[known])))
+
+
+class TwoPhaseDesign(NamedTuple):
+    """The second phase of a two-phase design (``two_phase_design``).
+
+    ``pi``: each post's probability in the second draw (0 for burn-in posts, which are not drawn
+    again); ``pi_burn_in``: n0/N, every post's probability of being in the uniform burn-in;
+    ``calibrated``: (N, Q) P(yes) as the burn-in sees them (``calibrate``; the burn-in's share for a post
+    without a probability), the second phase's prediction; ``mixture``: the weight
+    alpha of the active part; ``combination``: per question the weight a of the burn-in's estimate in
+    the two-phase estimator (vidlabel.analyze.estimators.two_phase_mean), fixed here from the design and
+    the calibrated probabilities alone, before any second-phase label is seen.
+    """
+
+    pi: np.ndarray
+    pi_burn_in: float
+    calibrated: np.ndarray
+    mixture: float
+    combination: tuple[float, ...]
+
+
+def two_phase_design(p_yes: np.ndarray, burn_in: np.ndarray, y_burn_in: np.ndarray, budget: float,
+                     floor_share: float) -> TwoPhaseDesign:
+    """The second draw after a uniform burn-in: a mixture of the uniform and the active design whose
+    weight the burn-in chooses (Zrnic & Candes 2024 discuss the mixture).
 
     ``p_yes``: (N, Q) or (N,) model probabilities; ``burn_in``: (N,) bool, the posts of a uniform
-    burn-in sample (already labelled); ``y_burn_in``: their labels, (n0, Q) or (n0,), NaN where
-    missing; ``budget``: labels in all, burn-in included. Each question's P(yes) is recalibrated on
-    the burn-in (``recalibrate``), the remaining budget is spread over the other posts with
-    ``inclusion_probabilities``, and every post gets its inclusion probability in the union of the
-    two samples, n0/N + (1 - n0/N) pi_active (``union_inclusion``). A burn-in post's pi_active is
-    computed from a recalibration fitted without its own label: with its label in the fit its
-    probability would lean towards its own answer and its weight 1/pi with it (a few rare positives
-    in a small burn-in then bias the estimate low).
-
-    Returns (pi, pi_active): pi is what the label file's ``sampling_probability`` must hold for
-    every labelled post; pi_active is the probability to draw each other post with
-    (``draw(pi_active, seed)``; 0 for the burn-in posts).
+    burn-in (already labelled); ``y_burn_in``: their labels (n0, Q) or (n0,), NaN where missing, 0.5
+    for a tie; ``budget``: labels in all, burn-in included. Per question ``calibrate`` on the burn-in;
+    the active part pi ∝ sqrt(mean over questions of q(1 - q)) over the other posts (floor
+    ``floor_share``, sum budget - n0); alpha from ``MIXTURE_WEIGHTS`` minimises the burn-in's estimate
+    of the second phase's variance, sum over its posts and the questions of (1/pi_alpha - 1) (y - q)^2
+    relative to the uniform design's, i.e. how the posts the burn-in saw err where each design puts
+    its labels (ties go to the larger alpha: the burn-in saw no error to weigh against the model). The
+    second draw's probabilities depend on the burn-in's labels, so its posts are estimated conditional
+    on the burn-in, and the two phases' estimates combined (estimators.two_phase_mean): unbiased.
     """
     p = np.asarray(p_yes, dtype=float)
     p = p[:, None] if p.ndim == 1 else p
@@ -172,46 +255,41 @@ def burn_in_design(p_yes: np.ndarray, burn_in: np.ndarray, y_burn_in: np.ndarray
         raise ValueError(f"y_burn_in must have shape ({n_burn}, {n_questions}), got {y_b.shape}")
     if not 0 < n_burn < budget:
         raise ValueError(f"the burn-in ({n_burn} posts) must be non-empty and smaller than the budget ({budget})")
-    x = _logit(p)
-    fits = []
     calibrated = np.empty_like(p)
     for q in range(n_questions):
-        keep = np.isfinite(p[burn, q]) & np.isfinite(y_b[:, q])
-        if not keep.any():
-            raise ValueError(f"question {q}: no labelled burn-in post with a probability to recalibrate on")
-        theta = _platt_fit(x[burn, q][keep], y_b[keep, q], penalty)
-        fits.append((theta, keep))
-        calibrated[:, q] = np.where(np.isfinite(p[:, q]), 1 / (1 + np.exp(-(theta[0] + theta[1] * x[:, q]))), np.nan)
-    uncertainty = post_uncertainty(calibrated)
-    pi_active = np.zeros(n_posts)
+        try:
+            calibrated[:, q] = calibrate(p[:, q], p[burn, q], y_b[:, q])
+        except ValueError as exc:
+            raise ValueError(f"question {q}: {exc}") from None
     rest = ~burn
-    pi_active[rest] = inclusion_probabilities(uncertainty[rest], budget - n_burn, floor_share)
-    # Burn-in posts: the probability they would have had, with their own label left out of the fit,
-    # on the same scale as the others (the normaliser of sqrt(u) hardly moves without one post).
-    root_sum = np.sqrt(uncertainty[rest]).sum()
-    scale = (budget - n_burn) * (1 - floor_share) / root_sum if root_sum > 0 else 0.0
-    floor = (budget - n_burn) * floor_share / rest.sum() if root_sum > 0 else (budget - n_burn) / rest.sum()
-    burn_index = np.flatnonzero(burn)
-    for j, i in enumerate(burn_index):
-        loo = np.empty(n_questions)
-        for q, (theta, keep) in enumerate(fits):
-            idx = np.flatnonzero(keep)
-            if not np.isfinite(p[i, q]):
-                loo[q] = np.nan
-                continue
-            if j in idx and idx.size > 1:
-                others = idx[idx != j]
-                theta = _platt_fit(x[burn, q][others], y_b[others, q], penalty)
-            loo[q] = 1 / (1 + np.exp(-(theta[0] + theta[1] * x[i, q])))
-        pi_active[i] = min(1.0, scale * np.sqrt(post_uncertainty(loo[None, :])[0]) + floor)
-    return union_inclusion(n_burn / n_posts, pi_active), np.where(burn, 0.0, pi_active)
-
-
-def union_inclusion(*pis: np.ndarray) -> np.ndarray:
-    """Inclusion probability in the union of independent samples: 1 - prod(1 - pi_k). A uniform
-    burn-in of n0 of N posts (pi = n0/N) and an active sample drawn independently of its labels
-    combine this way; give the result as sampling_probability for every labelled post."""
-    out = np.ones(np.broadcast_shapes(*(np.shape(p) for p in pis)))
-    for p in pis:
-        out = out * (1 - np.asarray(p, dtype=float))
-    return 1 - out
+    second = budget - n_burn
+    uncertainty = post_uncertainty(calibrated)
+    active = inclusion_probabilities(uncertainty[rest], second, floor_share)
+    uniform = second / rest.sum()
+    # the active part's probability for the burn-in posts, had they been among the others
+    root = np.sqrt(uncertainty[rest]).sum()
+    scale = second * (1 - floor_share) / root if root > 0 else 0.0
+    floor = second * floor_share / rest.sum() if root > 0 else uniform
+    active_burn = np.minimum(1.0, scale * np.sqrt(uncertainty[burn]) + floor)
+    errors = np.where(np.isfinite(y_b), (y_b - calibrated[burn]) ** 2, 0.0)
+    errors = np.where(np.isfinite(errors), errors, 0.0).sum(axis=1)
+    variance = [float(np.sum((1 / ((1 - a) * uniform + a * active_burn) - 1) * errors)) for a in MIXTURE_WEIGHTS]
+    best = len(MIXTURE_WEIGHTS) - 1 - int(np.argmin(variance[::-1]))
+    alpha = MIXTURE_WEIGHTS[best]
+    pi = np.zeros(n_posts)
+    pi[rest] = (1 - alpha) * uniform + alpha * active
+    # a: the burn-in's share of the combination, from the model-based variances of the two estimates
+    # (expected squared error q(1 - q)), so that it does not depend on any label of the second phase
+    combination = []
+    for q in range(n_questions):
+        h = calibrated[rest, q]
+        h = np.where(np.isfinite(h), h * (1 - h), MAX_UNCERTAINTY)
+        v_burn = (n_posts / n_burn - 1) * h.sum()
+        v_second = float(np.sum((1 / pi[rest] - 1) * h))
+        combination.append(v_second / (v_burn + v_second) if v_burn + v_second > 0 else n_burn / budget)
+    # The second estimate's prediction: a post without a probability (failed request) takes the burn-in's
+    # share, a value fixed by the burn-in like the rest.
+    with np.errstate(invalid="ignore"):
+        shares = np.array([np.nanmean(y_b[:, q]) if np.isfinite(y_b[:, q]).any() else 0.5 for q in range(n_questions)])
+    prediction = np.where(np.isfinite(calibrated), calibrated, shares[None, :])
+    return TwoPhaseDesign(pi, n_burn / n_posts, prediction, alpha, tuple(combination))

@@ -133,30 +133,38 @@ def bootstrap_agreement(tp, fp, fn, tn, confidence: float, samples: int,
 
 def agreement(tp: int, fp: int, fn: int, tn: int, confidence: float, bootstrap_samples: int,
               seed: int = 0) -> dict[str, Any]:
-    """Agreement of model with human labels: each metric with its interval, and a note on the
-    intervals that are smoothed or cannot be estimated (one human class only)."""
-    point = confusion_metrics(tp, fp, fn, tn)
+    """Agreement of model with human labels on a uniform sample: Wilson for accuracy, precision and
+    recall, the bootstrap for F1 and kappa (``agreement_row`` adds the notes)."""
     boot = bootstrap_agreement(tp, fp, fn, tn, confidence, bootstrap_samples, seed)
-    wilson = {
+    intervals = {
         "accuracy": wilson_interval(tp + tn, tp + fp + fn + tn, confidence),
         "precision": wilson_interval(tp, tp + fp, confidence),
         "recall": wilson_interval(tp, tp + fn, confidence),
+        **{name: boot[name] for name in BOOTSTRAP_METRICS},
     }
+    return agreement_row((tp, fp, fn, tn), confusion_metrics(tp, fp, fn, tn), intervals,
+                         f"+{EMPTY_CELL_PSEUDOCOUNT}")
+
+
+def agreement_row(counts, point: dict[str, float], intervals: dict[str, tuple[float, float]],
+                  smoothing: str) -> dict[str, Any]:
+    """One agreement result: the labelled counts, each metric with its interval, and a note on the
+    intervals that are smoothed (``smoothing`` says by how much) or cannot be estimated (one human
+    class only: the sample's kappa and F1 say nothing about the population's)."""
+    tp, fp, fn, tn = (int(c) for c in counts)
     n = tp + fp + fn + tn
     out: dict[str, Any] = {"n": n, "tp": tp, "fp": fp, "fn": fn, "tn": tn}
     for name in AGREEMENT_METRICS:
-        lo, hi = wilson[name] if name in WILSON_METRICS else boot[name]
+        lo, hi = intervals[name]
         out[name], out[f"{name}_lo"], out[f"{name}_hi"] = point[name], lo, hi
     out["note"] = ""
     if n and (tp + fn == 0 or fp + tn == 0):
-        # With one human class the sample's kappa and F1 say nothing about the population's.
         for name in BOOTSTRAP_METRICS:
             out[f"{name}_lo"] = out[f"{name}_hi"] = math.nan
         out["note"] = (f"every human label is \"{'no' if tp + fn == 0 else 'yes'}\": the F1 and kappa "
                        "intervals cannot be estimated (n/a)")
     elif n and min(tp, fp, fn, tn) == 0:
-        out["note"] = (f"a cell of the 2x2 table is empty: F1 and kappa resampled from cell shares smoothed by "
-                       f"+{EMPTY_CELL_PSEUDOCOUNT}")
+        out["note"] = f"a cell of the 2x2 table is empty: F1 and kappa resampled with each cell smoothed by {smoothing}"
     return out
 
 
@@ -190,128 +198,10 @@ def ppi_reference(y: np.ndarray, yhat: np.ndarray, yhat_all: np.ndarray, confide
     return {"estimate": float(np.ravel(est)[0]), "lo": float(np.ravel(lo)[0]), "hi": float(np.ravel(hi)[0])}
 
 
-def hajek_share(y, pi, confidence: float, sampled=None) -> dict[str, Any]:
-    """Human-only share of a sample drawn with known inclusion probabilities ``pi``.
-
-    Hajek (self-normalised inverse-probability) mean with the linearised SE
-    sqrt(sum w^2 (1 - pi) (y - mean)^2) / sum w, w = 1/pi (Poisson sampling; the (1 - pi) factor is
-    the finite-population correction). The interval is Wilson's at the design's effective sample
-    size n_eff = mean (1 - mean) / SE^2 (Kish's (sum w)^2 / sum w^2 when the mean is 0 or 1), which
-    keeps the bounds in [0, 1] and honest at 0 or all "yes" labels. A census (every pi = 1) has no
-    sampling error: the interval is the point.
-
-    Vectorised over leading dimensions: arrays (..., N); ``sampled`` (bool, same shape) marks the
-    labelled posts (None: every entry is labelled).
-    """
-    y = np.asarray(y, dtype=float)
-    pi = np.asarray(pi, dtype=float)
-    sampled = np.ones(y.shape, bool) if sampled is None else np.asarray(sampled, bool)
-    w = np.where(sampled, 1.0 / np.where(sampled, pi, 1.0), 0.0)
-    y0 = np.where(sampled, y, 0.0)
-    w_sum = w.sum(axis=-1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = (w * y0).sum(axis=-1) / w_sum
-        var = (w * w * (1 - np.where(sampled, pi, 1.0)) * (y0 - mean[..., None]) ** 2).sum(axis=-1) / w_sum**2
-        kish = w_sum**2 / (w * w).sum(axis=-1)
-        interior = (mean > 0) & (mean < 1)
-        n_eff = np.where(interior & (var > 0), mean * (1 - mean) / np.where(var > 0, var, 1.0), kish)
-        census = interior & ~(var > 0)
-    lo, hi = wilson_bounds(mean * np.where(census, 1.0, n_eff), np.where(census, 1.0, n_eff), confidence)
-    lo, hi = np.where(census, mean, lo), np.where(census, mean, hi)
-    return _squeeze({"estimate": mean, "se": np.sqrt(var), "lo": lo, "hi": hi, "n_eff": n_eff})
-
-
-def active_mean(f, y, sampled, pi, confidence: float, lam: float | None = None,
-                intercept: bool = True) -> dict[str, Any]:
-    """Prevalence from a sample drawn with known inclusion probabilities (active inference).
-
-    Horvitz-Thompson form with power tuning (Zrnic & Candes 2024):
-        z_i = g_i + (Y_i - g_i) xi_i / pi_i,  g_i = lam f_i + mu,  estimate = mean_i z_i,  SE = sd(z) / sqrt(N)
-    over all N posts of the population; f_i is the model's prediction (probability of "yes", or the
-    hard answer 0/1), xi_i = 1 for a labelled post. E[xi_i / pi_i] = 1, so the estimate is unbiased
-    for any lam and mu fixed in advance; with mu = 0 it is Zrnic & Candes' estimator.
-    ``lam=None`` takes the plug-in: the (lam, mu) that minimise the sample variance of z (a least
-    squares fit of a = Y xi/pi on the control variates b1 = f (1 - xi/pi) and b0 = 1 - xi/pi), lam
-    clipped to [0, 1] (mu refitted after clipping); lam = 0 when b1 does not vary. The intercept mu
-    (``intercept=True``) is the Hajek-type ratio adjustment: without it, the HT estimator carries the
-    randomness of the number of labels drawn, which made it wider than the Hajek human-only share
-    when the probabilities follow the model; ``intercept=False`` fixes mu = 0.
-
-    Vectorised over leading dimensions: arrays (..., N), ``y`` may hold anything (NaN) where not
-    sampled. The interval is the normal one clipped to [0, 1]; ``corrected_interval`` makes the
-    reported one.
-    """
-    f = np.asarray(f, dtype=float)
-    sampled = np.asarray(sampled, bool)
-    pi = np.asarray(pi, dtype=float)
-    n_posts = f.shape[-1]
-    w = np.where(sampled, 1.0 / np.where(sampled, pi, 1.0), 0.0)
-    a = np.where(sampled, np.asarray(y, dtype=float), 0.0) * w
-    b0 = 1.0 - w
-    b1 = f * b0
-
-    def centred(x):
-        return x - x.mean(axis=-1, keepdims=True)
-
-    a_c, b0_c, b1_c = centred(a), centred(b0), centred(b1)
-    v00, v11, v01 = ((x * z).mean(axis=-1) for x, z in ((b0_c, b0_c), (b1_c, b1_c), (b0_c, b1_c)))
-    c0, c1 = (a_c * b0_c).mean(axis=-1), (a_c * b1_c).mean(axis=-1)
-    if lam is None:
-        if intercept:
-            det = v00 * v11 - v01 * v01
-            ok = det > 1e-12 * np.maximum(v00 * v11, 1e-300)
-            lam_free = np.where(ok, (-c1 * v00 + c0 * v01) / np.where(ok, det, 1.0), 0.0)
-        else:
-            ok = v11 > 0
-            lam_free = np.where(ok, -c1 / np.where(ok, v11, 1.0), 0.0)
-        lam_arr = np.where(v11 > 0, np.clip(lam_free, 0.0, 1.0), 0.0)
-    else:
-        lam_arr = np.broadcast_to(np.asarray(lam, dtype=float), a.shape[:-1])
-    if intercept:
-        mu = np.where(v00 > 0, -(c0 + lam_arr * v01) / np.where(v00 > 0, v00, 1.0), 0.0)
-    else:
-        mu = np.zeros(lam_arr.shape)
-    z = a + lam_arr[..., None] * b1 + mu[..., None] * b0
-    estimate = z.mean(axis=-1)
-    se = z.std(axis=-1, ddof=1) / math.sqrt(n_posts) if n_posts > 1 else np.full(estimate.shape, np.nan)
-    half = z_value(confidence) * se
-    return _squeeze({"estimate": estimate, "se": se, "lo": np.clip(estimate - half, 0.0, 1.0),
-                     "hi": np.clip(estimate + half, 0.0, 1.0), "lambda": lam_arr, "mu": mu,
-                     "n": sampled.sum(axis=-1), "big_n": n_posts})
-
-
-def uniform_equivalent_se(f, y, sampled, pi) -> Any:
-    """SE that uniform-sample PPI++ would have had with as many labels as this weighted sample.
-
-    PPI++ on a simple random sample of n of N posts has variance Var(Y - lam f)/n + lam^2 Var(f)/N
-    with lam = Cov(Y, f)/Var(f) (clipped to [0, 1]; the n/N correction is negligible here). The
-    population moments of Y are estimated from the weighted sample (Hajek weights 1/pi), those of f
-    from every post. Shown beside the active interval so the design's gain (or loss) is visible.
-    Vectorised like ``active_mean``.
-    """
-    f = np.asarray(f, dtype=float)
-    sampled = np.asarray(sampled, bool)
-    w = np.where(sampled, 1.0 / np.where(sampled, np.asarray(pi, dtype=float), 1.0), 0.0)
-    y0 = np.where(sampled, np.asarray(y, dtype=float), 0.0)
-    n = sampled.sum(axis=-1)
-    w_sum = w.sum(axis=-1, keepdims=True)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        y_mean = (w * y0).sum(axis=-1, keepdims=True) / w_sum
-        f_mean_l = (w * f).sum(axis=-1, keepdims=True) / w_sum
-        cov_yf = (w * (y0 - y_mean) * (f - f_mean_l)).sum(axis=-1) / w_sum[..., 0]
-        var_f = f.var(axis=-1)
-        lam = np.where(var_f > 0, np.clip(cov_yf / np.where(var_f > 0, var_f, 1.0), 0.0, 1.0), 0.0)
-        r = y0 - lam[..., None] * f
-        r_mean = (w * r).sum(axis=-1, keepdims=True) / w_sum
-        var_r = (w * (r - r_mean) ** 2).sum(axis=-1) / w_sum[..., 0]
-        se = np.sqrt(var_r / n + lam * lam * var_f / f.shape[-1])
-    return _squeeze(se)
-
-
-def _squeeze(value):
+def squeeze(value):
     """Scalars out of 0-d arrays (the single-dataset call), arrays untouched (the batched one)."""
     if isinstance(value, dict):
-        return {k: _squeeze(v) for k, v in value.items()}
+        return {k: squeeze(v) for k, v in value.items()}
     if isinstance(value, np.ndarray) and value.ndim == 0:
         return value.item()
     return value
@@ -333,9 +223,12 @@ def sample_events(y, f, labelled=None, pi=None):
 
     With inclusion probabilities ``pi`` (a weighted design), w = 1/pi, a label drawn with a small
     probability carries the weight of many and the normal interval behaves as if there were fewer
-    events: each count is scaled by Kish's effective share (sum w)^2 / (n sum w^2), and the
-    effective numbers of positives, negatives and disagreements, (sum v)^2 / sum v^2 with v = w y,
-    w (1 - y) and w |y - f|, join the minimum (one heavy positive the model missed counts as ~1).
+    events: the effective numbers of positives, negatives and disagreements, (sum v)^2 / sum v^2 with
+    v = w y, w (1 - y) and w |y - f|, join the minimum (one heavy positive the model missed counts as
+    ~1). Kish's effective share of all the labels, (sum w)^2 / (n sum w^2), once scaled the counts as
+    well; it also counts the heavy weights of posts the model is sure about, which carry little of
+    the variance, and cost an active or two-phase design a third of its gain where a calibrated
+    model put most labels on few posts (docs/statistics.md).
     """
     y = np.asarray(y, dtype=float)
     labelled = np.ones(y.shape, bool) if labelled is None else np.asarray(labelled, bool)
@@ -348,16 +241,14 @@ def sample_events(y, f, labelled=None, pi=None):
     if pi is not None:
         w = np.where(labelled, 1.0 / np.where(labelled, np.asarray(pi, dtype=float), 1.0), 0.0)
         with np.errstate(invalid="ignore", divide="ignore"):
-            kish_share = np.where(n > 0, w.sum(axis=-1) ** 2 / ((w * w).sum(axis=-1) * np.where(n > 0, n, 1)), 0.0)
-            events = events * kish_share
             for v in (w * y0, w * np.where(labelled, 1.0 - y0, 0.0), w * miss):
                 total, square = v.sum(axis=-1), (v * v).sum(axis=-1)
                 events = np.minimum(events, np.where(square > 0, total**2 / np.where(square > 0, square, 1.0), 0.0))
-    return _squeeze(events)
+    return squeeze(events)
 
 
 def corrected_interval(estimate, se, events, human_lo, human_hi, confidence: float) -> dict[str, Any]:
-    """The reported interval of a corrected share (uniform PPI++ or the active estimator).
+    """The reported interval of a corrected share (uniform PPI++, the active or the two-phase estimator).
 
     - Student t quantile with ``events - 1`` degrees of freedom instead of the normal one: the
       variance rests on that many events and lambda is tuned on the same labels; this is what brings
@@ -377,4 +268,4 @@ def corrected_interval(estimate, se, events, human_lo, human_hi, confidence: flo
     few = events < MIN_EVENTS
     lo = np.where(few, np.fmin(lo, human_lo), lo)
     hi = np.where(few, np.fmax(hi, human_hi), hi)
-    return _squeeze({"lo": lo, "hi": hi, "quantile": quantile, "few": few})
+    return squeeze({"lo": lo, "hi": hi, "quantile": quantile, "few": few})

@@ -68,8 +68,8 @@ STAGES: dict[str, StageKeys] = {
     "estimate": StageKeys(results=_PLANNING + _PROMPT + _SERVER + ("planning.pilot_size", "cost"),
                           operational=_CLIENT + _LAYOUT + ("planning.concurrent_jobs",)),
     "merge": StageKeys(results=("classify.questions",)),
-    "aggregate": StageKeys(results=("classify.questions", "stats", "cost", "human_labels")),
-    "compare": StageKeys(results=("classify.questions", "stats", "cost", "human_labels")),
+    "aggregate": StageKeys(results=("classify.questions", "stats", "cost", "human_labels", "human_design")),
+    "compare": StageKeys(results=("classify.questions", "stats", "cost", "human_labels", "human_design")),
     "label_sample": StageKeys(results=("classify.questions", "label_sample", "media_root")),
 }
 

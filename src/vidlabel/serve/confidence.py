@@ -8,20 +8,25 @@ e.g. ``y``, ``ye``, ``yes``, ``yes"``, ``yes",``, ``n``, ``no``, ``no"}``, ... T
 is therefore not the chosen token's probability but the sum over the first tokens that can only spell
 that answer. Further cases this module handles:
 
-- The value starts inside a token (``":"yes`` as one token, or ``"no`` after ``":``): the alternatives at
-  that position are taken conditional on the grammar-forced text before the value (an alternative
-  that does not fit it belongs to another path and is left out of the renormalisation).
-- An alternative shared by several answers (a prefix of two choices, or a token that ends before the
-  value starts, such as ``":"`` at a mid-token start). When the model chose it, the next position's
-  log-probabilities give the split, recursively. When it did not, its continuation was never
-  computed: its probability is shared among the answers it can still become in proportion to what
-  the same position says about them (equally when it says nothing). Probability the top_logprobs do
-  not list at all is treated the same way over every answer.
+- Every position from the start of the answer counts, not only the one where the value starts: an
+  alternative to ``":"`` such as ``":"no`` already decides the answer, and one such as ``":`` spells
+  the same text another way and leads to every answer. Each position's alternatives are taken
+  conditional on the text before it: an alternative that contradicts an earlier question's value
+  belongs to another answer of that question and is left out, so a later question's probabilities
+  are conditional on the earlier answers as given.
+- An alternative shared by several answers (a prefix of two choices, a token that ends before the
+  value starts, another tokenisation or spacing of the text before it). When the model chose it, the
+  next position's log-probabilities give the split, recursively. When it did not, its continuation
+  was never computed: its probability is shared among the answers it can still become in proportion
+  to what the same position says about them (equally when it says nothing). Probability the
+  top_logprobs do not list at all is treated the same way over every answer.
 - Tokens that split UTF-8 characters: text is rebuilt from each token's ``bytes`` when present.
 
-The share of an answer's probability that rests on that apportioning is bounded by ``max_unresolved``;
-above it the question gets no probabilities. The probabilities steer which posts people code
-(``vidlabel.analyze.label_sample``); an approximate probability costs interval width there, never validity.
+The share of the probability that rests on that apportioning (``QuestionProbabilities.unresolved``)
+bounds how far any reported probability can be from the model's: the apportioned mass could belong to
+any answer it fits. Above ``max_unresolved`` the question gets no probabilities. The probabilities steer
+which posts people code (``vidlabel.analyze.label_sample``); an approximate probability costs interval
+width there, never validity.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ def logprobs_request(top_logprobs: int = MAX_TOP_LOGPROBS) -> dict[str, Any]:
 # Largest share of a question's probability that may rest on apportioning alternatives whose
 # continuation was not observed (or probability not listed at all).
 MAX_UNRESOLVED = 0.25
+# Listed probabilities summing to 1 within this are complete (exp of rounded logprobs leaves residue).
+UNLISTED_TOLERANCE = 1e-9
 
 
 class AnswerProbabilities(NamedTuple):
@@ -53,6 +60,23 @@ class AnswerProbabilities(NamedTuple):
     log-probabilities determine them; ``missing``: {question id: why not} for every other question."""
 
     probs: dict[str, dict[str, float]]
+    missing: dict[str, str]
+
+
+class QuestionProbabilities(NamedTuple):
+    """One question's ``probs`` ({choice: probability}) and ``unresolved``: the share of the probability
+    apportioned among answers by assumption (alternatives whose continuation was not computed, and
+    what top_logprobs did not list). The model's own probability of each answer lies within
+    ``unresolved`` of the one given."""
+
+    probs: dict[str, float]
+    unresolved: float
+
+
+class AnswerDistributions(NamedTuple):
+    """``by_question``: {question id: QuestionProbabilities}; ``missing``: {question id: why not}."""
+
+    by_question: dict[str, QuestionProbabilities]
     missing: dict[str, str]
 
 
@@ -74,22 +98,38 @@ def answer_probabilities(content: list[dict[str, Any]] | None, questions: list[d
     ``content``: vLLM's list of {token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]} for a
     compact JSON answer produced under the answer schema (``vidlabel.prepare.prompt.answer_schema``) with
     ``logprobs_request()`` in the request. Never raises for bad or incomplete log-probabilities: every
-    question it cannot give probabilities for is in ``missing`` with the reason.
+    question it cannot give probabilities for is in ``missing`` with the reason, also one whose
+    unresolved share (``answer_distributions``) exceeds ``max_unresolved``.
     """
+    by_question, missing = answer_distributions(content, questions)
+    probs: dict[str, dict[str, float]] = {}
+    for qid, d in by_question.items():
+        if d.unresolved > max_unresolved:
+            missing[qid] = (f"{d.unresolved:.0%} of the probability rests on alternatives whose continuation "
+                            f"is unknown (limit {max_unresolved:.0%})")
+        else:
+            probs[qid] = d.probs
+    return AnswerProbabilities(probs, missing)
+
+
+def answer_distributions(content: list[dict[str, Any]] | None,
+                         questions: list[dict[str, Any]]) -> AnswerDistributions:
+    """Every question's answer probabilities with their unresolved share (see ``QuestionProbabilities``);
+    the questions it cannot read are in ``missing`` with the reason. Never raises for bad input."""
     ids = [q["id"] for q in questions]
     if not content:
-        return AnswerProbabilities({}, {qid: "the response has no log-probabilities" for qid in ids})
+        return AnswerDistributions({}, {qid: "the response has no log-probabilities" for qid in ids})
     try:
         tokens = [_token_bytes(entry, i) for i, entry in enumerate(content)]
     except _Unavailable as exc:
-        return AnswerProbabilities({}, {qid: str(exc) for qid in ids})
+        return AnswerDistributions({}, {qid: str(exc) for qid in ids})
     starts, offset = [], 0
     for token in tokens:
         starts.append(offset)
         offset += len(token)
     text = b"".join(tokens)
     values = _string_values(text)
-    probs: dict[str, dict[str, float]] = {}
+    by_question: dict[str, QuestionProbabilities] = {}
     missing: dict[str, str] = {}
     for q in questions:
         qid = q["id"]
@@ -97,13 +137,14 @@ def answer_probabilities(content: list[dict[str, Any]] | None, questions: list[d
         if qid not in values:
             missing[qid] = "the answer in the log-probabilities has no string value for this question"
             continue
-        value_start = values[qid]
+        value_start, _ = values[qid]
+        earlier = [span for span in values.values() if span[1] <= value_start]
         try:
-            probs[qid] = _question_probabilities(content, tokens, starts, text, value_start,
-                                                 [c.encode() for c in choices], max_unresolved)
+            by_question[qid] = _question_probabilities(content, tokens, starts, text, value_start,
+                                                       [c.encode() for c in choices], earlier)
         except _Unavailable as exc:
             missing[qid] = str(exc)
-    return AnswerProbabilities(probs, missing)
+    return AnswerDistributions(by_question, missing)
 
 
 # --------------------------------------------------------------------------------------------
@@ -152,9 +193,9 @@ def _string_end(text: bytes, i: int) -> int:
     return -1
 
 
-def _string_values(text: bytes) -> dict[str, int]:
-    """{key: byte offset where its string value's content starts} for the JSON object at the start of
-    ``text``. Stops quietly at the first thing that is not ``"key":"value"`` (a cut answer keeps the
+def _string_values(text: bytes) -> dict[str, tuple[int, int]]:
+    """{key: (byte offset where its string value's content starts, offset just past its closing quote)}
+    for the JSON object at the start of ``text``. Stops quietly at the first thing that is not ``"key":"value"`` (a cut answer keeps the
     values it completed; a trailing end-of-sequence token is ignored)."""
     values: dict[str, int] = {}
     i = _skip_space(text, 0)
@@ -181,7 +222,7 @@ def _string_values(text: bytes) -> dict[str, int]:
         value_end = _string_end(text, i)
         if value_end < 0:
             return values
-        values[key] = i + 1
+        values[key] = (i + 1, value_end)
         i = _skip_space(text, value_end)
         if text[i:i + 1] != b",":
             return values
@@ -214,9 +255,18 @@ def _alternatives(entry: dict[str, Any], chosen: bytes, index: int) -> list[tupl
     return alternatives
 
 
+def _divergence(token: bytes, text: bytes, start: int) -> int:
+    """Offset in ``text`` of the first byte where ``token``, placed at ``start``, differs from it."""
+    for k, byte in enumerate(token):
+        if start + k >= len(text) or text[start + k] != byte:
+            return start + k
+    return start + len(token)
+
+
 def _position(entry, chosen: bytes, start: int, text: bytes, value_start: int, choices: list[bytes],
-              index: int) -> tuple[_Position, frozenset]:
-    """What one position says about the value, and the choices its chosen token still fits."""
+              index: int, earlier: list[tuple[int, int]]) -> tuple[_Position, frozenset]:
+    """What one position says about the value, and the choices its chosen token still fits. ``earlier``:
+    the (start, end) spans of the values before this one."""
     emitted = text[value_start:start] if start > value_start else b""
     forced = text[start:value_start] if start < value_start else b""
     # What each choice still needs from this position on: the forced text up to the value, the rest of
@@ -228,7 +278,10 @@ def _position(entry, chosen: bytes, start: int, text: bytes, value_start: int, c
         listed += p
         fits = frozenset(c for c, target in targets.items() if _fits(token, target))
         if not fits:
-            continue  # another path the grammar allows (not the one the answer took): conditioned away
+            diverges = _divergence(token, text, start)
+            if diverges >= value_start or any(s <= diverges < e for s, e in earlier):
+                continue  # another answer to this or an earlier question: another path, conditioned away
+            fits = frozenset(targets)  # the text before the value spelt otherwise (spacing): any answer
         fitting += p
         if is_chosen:
             chosen_fits = fits
@@ -238,22 +291,22 @@ def _position(entry, chosen: bytes, start: int, text: bytes, value_start: int, c
             chosen_shared = p
         else:
             unresolved.append((p, fits))
-    unlisted = max(0.0, 1.0 - listed)
-    if unlisted > 0:
+    unlisted = 1.0 - listed
+    if unlisted > UNLISTED_TOLERANCE:
         unresolved.append((unlisted, frozenset(targets)))
     return _Position(resolved, chosen_shared, unresolved, fitting + unlisted), chosen_fits
 
 
-def _question_probabilities(content, tokens, starts, text, value_start, choices, max_unresolved):
-    index = next((j for j, (s, t) in enumerate(zip(starts, tokens)) if s <= value_start < s + len(t)), None)
-    if index is None:
-        raise _Unavailable("no token covers the start of the value")
+def _question_probabilities(content, tokens, starts, text, value_start, choices, earlier) -> QuestionProbabilities:
+    # Every position from the first token on, until the chosen tokens decide the answer: before the
+    # value the chosen token fits every answer, and its alternatives may already decide one.
     chain: list[_Position] = []
+    index = 0
     while True:
         if index >= len(content):
             raise _Unavailable("the tokens end before the answer is decided")
         position, chosen_fits = _position(content[index], tokens[index], starts[index], text, value_start,
-                                          choices, index)
+                                          choices, index, earlier)
         if not chosen_fits:
             raise _Unavailable(f"token {index} does not fit any allowed answer")
         chain.append(position)
@@ -261,8 +314,8 @@ def _question_probabilities(content, tokens, starts, text, value_start, choices,
             break
         index += 1  # the chosen token fits several answers: the next position splits it
 
-    # From the deciding position back to where the value starts: each position's distribution over
-    # the choices, conditional on the forced text and on the chosen tokens before it.
+    # From the deciding position back to the first: each position's distribution over the choices,
+    # conditional on the chosen tokens before it.
     following: dict[bytes, float] = {}
     unresolved_share = 0.0  # of the value's probability, from this position on
     for position in reversed(chain):
@@ -279,8 +332,6 @@ def _question_probabilities(content, tokens, starts, text, value_start, choices,
         unresolved_here = sum(p for p, _ in position.unresolved)
         unresolved_share = (unresolved_here + position.chosen_shared * unresolved_share) / position.total
         following = {c: m / position.total for c, m in mass.items()}
-    if unresolved_share > max_unresolved:
-        raise _Unavailable(f"{unresolved_share:.0%} of the probability rests on alternatives whose continuation "
-                           f"is unknown (limit {max_unresolved:.0%})")
     total = sum(following.values())
-    return {c.decode(): following.get(c, 0.0) / total for c in choices}
+    return QuestionProbabilities({c.decode(): following.get(c, 0.0) / total for c in choices},
+                                 min(1.0, unresolved_share))

@@ -1,0 +1,104 @@
+"""The labels database: a model's ``labels.parquet`` in DuckDB, its answers in long form, and the query
+and CSV helpers every analysis stage shares (aggregate, compare, label_sample).
+
+- ``labels`` (a view over labels.parquet) and ``answers_long`` (one row per post and question with the
+  answer and the model's P(yes), sql/answers_long.sql).
+- The model's P(yes) of a question is an SQL expression over ``answer_probs`` (sql/answer_prob.sql),
+  NULL for labels merged before it existed.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from vidlabel.analyze.merge import FIXED_COLUMNS, PROVENANCE_COLUMNS
+from vidlabel.core import duck
+from vidlabel.core.io import write_text
+
+
+# Columns of labels.parquet that older merges did not write: without answer_probs the model's hard
+# answers are the predictions; the provenance columns only feed the provenance section.
+OPTIONAL_LABEL_COLUMNS = ("answer_probs", *PROVENANCE_COLUMNS, "request_fingerprint", "gpus", "transcript_status",
+                          "model_revision", "server_fingerprint", "job_id")
+
+
+def register_table(con, name: str, table: pa.Table) -> None:
+    con.register(f"{name}_arrow", table)
+    con.execute(f"CREATE OR REPLACE TABLE {name} AS SELECT * FROM {name}_arrow")
+    con.unregister(f"{name}_arrow")
+
+
+def relation_columns(con, relation: str) -> list[str]:
+    return [row[0] for row in con.execute(f"DESCRIBE {relation}").fetchall()]
+
+
+def check_label_columns(con, ids: Sequence[str], labels_path) -> None:
+    columns = set(relation_columns(con, "labels"))
+    missing = [c for c in FIXED_COLUMNS if c not in columns and c not in OPTIONAL_LABEL_COLUMNS]
+    missing += [q for q in ids if q not in columns]
+    if missing:
+        raise ValueError(f"{labels_path} lacks column(s) {missing}: was it merged with another question set? "
+                         "Rerun the merge rule.")
+
+
+def answer_prob_expressions(con, ids: Sequence[str]) -> list[str]:
+    """Per question, the SQL expression of the model's P(yes) (sql/answer_prob.sql), or NULL for
+    labels written before ``answer_probs`` existed."""
+    if "answer_probs" not in relation_columns(con, "labels"):
+        return ["CAST(NULL AS DOUBLE)"] * len(ids)
+    return ["(" + duck.sql("answer_prob", path=duck.literal(f'$.{duck.identifier(q)}')) + ")" for q in ids]
+
+
+def create_answers_long(con, ids: Sequence[str], relation: str = "answers_long") -> None:
+    """Table ``relation``: view ``labels``'s answers in long form (sql/answers_long.sql)."""
+    con.execute(f"CREATE OR REPLACE TABLE {relation} AS " + answers_long_sql(con, ids))
+
+
+def answers_long_sql(con, ids: Sequence[str]) -> str:
+    """The query of ``answers_long`` over view ``labels`` for the question ids ``ids``."""
+    return duck.sql("answers_long",
+                    question_names=", ".join(duck.literal(q) for q in ids),
+                    question_columns=", ".join(duck.identifier(q) for q in ids),
+                    question_probs=", ".join(answer_prob_expressions(con, ids)))
+
+
+def query_rows(con, query: str, params: dict | None = None) -> list[dict[str, Any]]:
+    cur = con.execute(query, params) if params else con.execute(query)
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row)) for row in cur.fetchall()]
+
+
+def _cell(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, (bool, np.bool_)):
+        return "true" if value else "false"
+    if isinstance(value, (float, np.floating)):
+        return "" if math.isnan(value) else repr(float(value))
+    if isinstance(value, np.integer):
+        return str(int(value))
+    return str(value)
+
+
+def write_csv(path: str | Path, columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> None:
+    """CSV with a header (also when there are no rows); empty cell = not available."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow([_cell(row.get(c)) for c in columns])
+    write_text(buf.getvalue(), path)
+
+
+def float_array(values) -> np.ndarray:
+    # fetchnumpy gives a masked array when there are NULLs
+    if isinstance(values, np.ma.MaskedArray):
+        values = values.astype(float).filled(np.nan)
+    return np.asarray(values, dtype=float)
