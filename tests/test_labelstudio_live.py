@@ -81,7 +81,8 @@ def drawn(tmp_path_factory):
             "video_path": [r["video_path"] for r in part], "caption": [r["caption"] for r in part],
             "transcript": [demo.expected[r["post_id"]]["text"] for r in part]}),
             results / "manifest" / f"shard-{shard}.parquet")
-    config_overrides = {"label_sample": {"budget": 6, "seed": 3}}
+    # One active draw (varying pi): the round trip checks that each label keeps its own probability.
+    config_overrides = {"label_sample": {"budget": 6, "seed": 3, "design": "active"}}
     overlay = write_overlay(workdir, demo.root, config_overrides)
     config = load(REPO / "config" / "config.yaml", yaml.safe_load(overlay.read_text()))
     ids = [q["id"] for q in config["classify"]["questions"]]
