@@ -19,9 +19,17 @@ instead, to try the script without a GPU). Steps:
              with captions, synthetic transcripts (~2.5 words per second of video) and a few broken
              files (empty, text, cut before and after the MP4 index, missing). Prints, per set, the CPU
              seconds a vLLM-style OpenCV decode spends per second of video next to the visual tokens.
+             ``--photo-posts N --carousels M`` add mixed posts (benchmarks/mixed_posts.py): photo posts
+             of 1 to 35 camera-like JPEG and WebP photos at phone sizes (some stored sideways with an
+             EXIF orientation tag; half with a soundtrack: slideshows) and carousels of 2 to 10 images
+             and clips of the set, in posts.csv's ``media`` column (a JSON array) and mixed.json.
 ``prepare``  per media mode (``--modes raw,transcoded``): inventory, transcode (its CPU seconds
              measured) and manifest with vidlabel's stage functions and the default config, and the
-             decode cost of the media the server will read; no GPU needed.
+             decode cost of the media the server will read; no GPU needed. Mixed posts go through the
+             prepare stage where it writes manifests with items; before that, through
+             mixed_posts.manifest_rows (the per-post gate and image conversion of phase 1) into the
+             same shard, in the manifest's contract. The shard's rows are grouped by post type, so that
+             each type runs a phase of its own (gpu_steady.py reports each type's steady state).
 ``run``      per variant, ``vidlabel.serve.classify.run_shard`` with the configured server command, which
              starts, uses and stops its own server (``prepare`` runs first where needed). Variants are
              dash-joined words: ``default``, ``transcoded``, ``apiN`` (API servers), ``concN`` (client
@@ -73,6 +81,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import mixed_posts  # noqa: E402
+
 TESTSRC2_SIZES = [(720, 1280), (1280, 720), (1080, 1920), (1920, 1080)]
 # (width, height), share of the camera-like set: portrait-heavy, as phones upload.
 CAMERA_SIZES = [((720, 1280), 0.40), ((1080, 1920), 0.40), ((1280, 720), 0.07), ((1920, 1080), 0.08),
@@ -356,20 +367,29 @@ def make_media(args) -> None:
         bad = ["bad-empty.mp4", "bad-text.mp4", "bad-cut-after-index.mp4", "bad-cut-before-index.mp4",
                "bad-missing.mp4"]
     # Posts: each source used by posts/sources posts (hard links: one file per post, as in a dataset).
-    lines = ["post_id,video_path,caption"]
+    lines = ["post_id,video_path,media,caption"]
     transcripts = []
     for p in range(args.posts if sources else 0):
         src, seconds = sources[p % len(sources)][0], sources[p % len(sources)][3]
         name = f"post{p:04d}.mp4"
         if not (media / name).exists():
             os.link(src, media / name)
-        lines.append(f"post{p:04d},media/{name},{CAPTIONS[p % len(CAPTIONS)].replace(',', ' ')}")
+        lines.append(f"post{p:04d},media/{name},,{CAPTIONS[p % len(CAPTIONS)].replace(',', ' ')}")
         words = int(seconds * 2.5 * rng.uniform(0, 1.2))
         transcripts.append((f"post{p:04d}", " ".join(rng.choice(WORDS) for _ in range(words))))
     for name, path in formats.items():
-        lines.append(f"fmt-{name},media/{path.name},format {name}")
+        lines.append(f"fmt-{name},media/{path.name},,format {name}")
     for j, name in enumerate(bad):
-        lines.append(f"bad{j},media/{name},broken file")
+        lines.append(f"bad{j},media/{name},,broken file")
+    mixed = []
+    if args.photo_posts or args.carousels:
+        t0 = time.monotonic()
+        clips = [(s[0], s[3]) for s in sources]
+        mixed_lines, mixed = mixed_posts.make(work, media, args.photo_posts, args.carousels, clips, args.seed,
+                                              args.jobs, WORDS, CAPTIONS)
+        lines += mixed_lines
+        print(f"media: {len(mixed)} mixed posts ({args.photo_posts} photo posts, {args.carousels} carousels) in "
+              f"{time.monotonic() - t0:.1f} s", flush=True)
     (work / "posts.csv").write_text("\n".join(lines) + "\n")
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -383,7 +403,8 @@ def make_media(args) -> None:
         work / "transcripts.parquet")
     print(f"media: {len(transcripts)} posts + {len(formats)} formats + {len(bad)} broken in {work / 'posts.csv'}",
           flush=True)
-    summary = {"kind": args.kind, "sources": len(sources), "posts": len(transcripts), "format_names": sorted(formats)}
+    summary = {"kind": args.kind, "sources": len(sources), "posts": len(transcripts), "format_names": sorted(formats),
+               "mixed_posts": len(mixed)}
     for label, paths in ((args.kind, [str(s[0]) for s in sources]), ("formats", [str(p) for p in formats.values()])):
         if not paths:
             continue
@@ -446,6 +467,14 @@ def prepare(args, mode: str) -> Path:
     if shard.exists():
         return shard
     _, _, transcripts = posts_source(args)
+    mixed = mixed_set(args)
+    if mixed and not mixed_posts.prepare_side_has_items():
+        # This prepare stage reads one video per post: it takes the video posts, mixed_posts the others
+        # (the table beside posts.csv: its paths are relative to it).
+        videos_only = Path(config["posts"]).with_name("posts-videos.csv")
+        lines = Path(config["posts"]).read_text().splitlines()
+        videos_only.write_text("\n".join(line for line in lines if line.split(",")[1] or line == lines[0]) + "\n")
+        config["posts"] = str(videos_only)
     inventory = results / "inventory.parquet"
     t0 = time.monotonic()
     build_inventory(config, inventory, threads=args.jobs)
@@ -461,9 +490,18 @@ def prepare(args, mode: str) -> Path:
     t2 = time.monotonic()
     manifest.build(config, inventory, [t for t in transcripts if t.exists()], chunks, [shard],
                    results / "manifest" / "excluded.parquet", results / "manifest" / "plan.csv")
+    rows = pq.read_table(shard).to_pylist()
+    if mixed and not mixed_posts.prepare_side_has_items():
+        planned = mixed_posts.manifest_rows(config, mixed, results / "converted-images", args.jobs)
+        print(f"{mode}: {len(planned)} mixed posts planned by mixed_posts (this prepare stage reads one video per "
+              f"post): {sum(bool(r.get('excluded')) for r in planned)} excluded", flush=True)
+        rows = mixed_posts.one_video_rows(rows) + [r for r in planned if not r.get("excluded")]
+    if any("post_type" in r for r in rows):
+        write_grouped_shard(shard, rows)
     t3 = time.monotonic()
     transcoded = sum(r["status"] == "ok" for c in chunks for r in pq.read_table(c, columns=["status"]).to_pylist())
-    sent = pq.read_table(shard, columns=["media_path"]).column("media_path").to_pylist()
+    sent = [i["media_path"] for r in rows for i in (r.get("items") or [{"kind": "video", **r}])
+            if i["kind"] == "video" and i.get("media_path")]
     info = {"mode": mode, "inventory_s": t1 - t0, "transcode_s": t2 - t1, "transcode_cpu_s": transcode_cpu,
             "transcoded_posts": transcoded, "manifest_s": t3 - t2, "requests": len(sent),
             "decode": decode_cost(sent, args.jobs)}
@@ -473,6 +511,25 @@ def prepare(args, mode: str) -> Path:
           f"CPU-s), manifest {t3 - t2:.1f} s; the server's media: "
           + (f"{decode['decode_cpu_s_per_video_s']:.3f} decode CPU-s per s of video" if decode else "-"), flush=True)
     return shard
+
+
+def mixed_set(args) -> list[dict]:
+    """The generated mixed posts (mixed.json of the media step), or none (your own --posts)."""
+    path = Path(args.workdir) / "mixed.json"
+    return json.loads(path.read_text()) if not args.posts and path.exists() else []
+
+
+# The order the shard sends its post types in: each type a phase of its own (gpu_steady.py).
+POST_TYPE_ORDER = ("video", "photo", "slideshow", "carousel", "audio")
+
+
+def write_grouped_shard(shard: Path, rows: list[dict]) -> None:
+    """The shard with its rows grouped by post type (stable within a type), in the contract's schema."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from standin.mixed import write_shard
+
+    order = {t: i for i, t in enumerate(POST_TYPE_ORDER)}
+    write_shard(shard, sorted(rows, key=lambda r: order.get(r.get("post_type") or "video", len(order))))
 
 
 def variant_config(args, name: str) -> tuple[str, dict]:
@@ -739,6 +796,8 @@ def main(argv=None) -> int:
     m.add_argument("--sources", type=int, default=80)
     m.add_argument("--posts", type=int, default=240)
     m.add_argument("--formats", action="store_true", help="add one post per platform format")
+    m.add_argument("--photo-posts", type=int, default=0, help="photo posts of 1 to 35 photos (half slideshows)")
+    m.add_argument("--carousels", type=int, default=0, help="carousels of 2 to 10 images and clips")
     m.add_argument("--seed", type=int, default=0)
     for p in (pr, r, e):
         p.add_argument("--posts", default=None, help="your posts table (CSV/Parquet) or directory of videos")

@@ -1,29 +1,32 @@
 """Image tokens on a real vLLM: which pixel bounds the server applies to photos, checked against vidlabel.
 
-Two questions the stand-in answers from vLLM's source but no GPU run has measured yet:
+Two questions the stand-in answers from vLLM 0.26's source but no GPU run has measured yet:
 
-1. Does the flat ``--mm-processor-kwargs '{"min_pixels":..,"max_pixels":..}'`` of vidlabel's default
-   server command bound images as well as video frames (transformers' ``_merge_kwargs`` applies a flat
-   key to every modality), and do ``images_kwargs`` / ``videos_kwargs`` give each its own bounds?
+1. Which ``--mm-processor-kwargs`` form vLLM (with the transformers it runs) honours for images apart
+   from video frames (vidlabel.serve.command.PIXEL_BOUNDS_FORM): the flat pair binds every modality
+   (transformers' ``_merge_kwargs``); ``split`` (images_kwargs / videos_kwargs with min/max_pixels) and
+   ``split-size`` (the same with transformers 5's ``size``) give each its own.
 2. The exact 400 for more images than ``--limit-mm-per-prompt`` allows, and the encoder cache size
-   vLLM picks with images enabled (its log line "encoder_cache_size").
+   vLLM picks (its log line naming the encoder cache): with a split form its profiler sizes its video
+   by the image processor's own bound (tests/standin/qwen_image.py says what the source gives).
 
-Steps (WORKDIR inside the server's --allowed-local-media-path):
+Steps (WORKDIR inside the server's --allowed-local-media-path; ``flags FORM`` prints that form's
+--mm-processor-kwargs JSON, made by vidlabel.serve.command.mm_processor_kwargs from the default config):
 
     python benchmarks/gpu_images.py media WORKDIR
-    vllm serve Qwen/Qwen2.5-VL-7B-Instruct --port 8000 --allowed-local-media-path WORKDIR \\
-        --max-model-len 32768 --limit-mm-per-prompt '{"image":4,"video":1}' \\
-        --mm-processor-kwargs '{"min_pixels":100352,"max_pixels":602112}' > flat.log 2>&1 &
-    python benchmarks/gpu_images.py check WORKDIR --url http://127.0.0.1:8000/v1 --expect flat
-    # restart the server with per-modality bounds:
-    #   --mm-processor-kwargs '{"images_kwargs":{"min_pixels":3136,"max_pixels":12845056},
-    #                           "videos_kwargs":{"min_pixels":100352,"max_pixels":602112}}' > split.log
-    python benchmarks/gpu_images.py check WORKDIR --url http://127.0.0.1:8000/v1 --expect split
-    grep -h "encoder_cache_size\\|encoder cache" flat.log split.log
+    for form in flat split split-size; do
+      vllm serve Qwen/Qwen2.5-VL-7B-Instruct --port 8000 --allowed-local-media-path WORKDIR \\
+          --max-model-len 32768 --limit-mm-per-prompt '{"image":5,"video":1}' \\
+          --mm-processor-kwargs "$(python benchmarks/gpu_images.py flags $form)" > $form.log 2>&1 &
+      python benchmarks/gpu_images.py check WORKDIR --url http://127.0.0.1:8000/v1 --expect $form
+      kill %1; wait
+    done
+    grep -h "encoder cache\\|encoder_cache" flat.log split.log split-size.log
 
 ``check`` prints per photo the server's image tokens (prompt tokens with the photo less those of the
-same text alone) next to vidlabel's estimate under both hypotheses, and the body of a request with
-five images; it exits 1 when the server disagrees with ``--expect``.
+same text alone) next to vidlabel's estimate under the flat and the split bounds, and the body of a
+request with six images; it exits 1 when the server disagrees with ``--expect``. The form whose check
+passes goes into PIXEL_BOUNDS_FORM (``split`` is what the source read says; docs/serving.md).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from vidlabel.prepare.items import probe_item  # noqa: E402
 PHOTOS = {"portrait.jpg": ((1080, 1920), None, "JPEG"), "sideways.jpg": ((1920, 1080), 6, "JPEG"),
           "feed.webp": ((1080, 1350), None, "WEBP"), "camera.jpg": ((4000, 3000), None, "JPEG"),
           "small.jpg": ((300, 200), None, "JPEG")}
-HYPOTHESES = {"flat": tk.ImageBounds(100352, 602112), "split": tk.ImageBounds()}
+HYPOTHESES = {"flat": tk.ImageBounds(100352, 602112), "split": tk.ImageBounds(), "split-size": tk.ImageBounds()}
 TEXT = "Describe the picture in one word."
 
 
@@ -68,7 +71,7 @@ def check(workdir: Path, url: str, model: str, expect: str) -> int:
     _, alone = chat(url, model, [{"type": "text", "text": TEXT}])
     base = alone["usage"]["prompt_tokens"]
     wrong = 0
-    print(f"{'photo':14} {'server':>7} " + " ".join(f"{h:>7}" for h in HYPOTHESES))
+    print(f"{'photo':14} {'server':>7} " + " ".join(f"{h:>10}" for h in HYPOTHESES))
     for name in PHOTOS:
         info = probe_item(workdir / name)
         status, body = chat(url, model, [{"type": "image_url", "image_url": {"url": (workdir / name).as_uri()}},
@@ -76,23 +79,37 @@ def check(workdir: Path, url: str, model: str, expect: str) -> int:
         served = body["usage"]["prompt_tokens"] - base if status == 200 else f"HTTP {status}"
         guesses = {h: int(tk.image_tokens([info["width"]], [info["height"]], b)[0]) for h, b in HYPOTHESES.items()}
         wrong += served != guesses[expect]
-        print(f"{name:14} {served!s:>7} " + " ".join(f"{g:>7}" for g in guesses.values()))
-    many = [{"type": "image_url", "image_url": {"url": (workdir / "small.jpg").as_uri()}}] * 5
+        print(f"{name:14} {served!s:>7} " + " ".join(f"{g:>10}" for g in guesses.values()))
+    many = [{"type": "image_url", "image_url": {"url": (workdir / "small.jpg").as_uri()}}] * 6
     status, body = chat(url, model, [*many, {"type": "text", "text": TEXT}])
-    print(f"5 images: HTTP {status} {json.dumps(body)[:400]}")
+    print(f"6 images: HTTP {status} {json.dumps(body)[:400]}")
     print(f"{'all' if not wrong else wrong} photo(s) {'match' if not wrong else 'differ from'} the {expect!r} bounds")
     return 1 if wrong else 0
 
 
+def flags(form: str) -> str:
+    """The server's --mm-processor-kwargs JSON in ``form``, as vidlabel's default config writes it."""
+    from vidlabel.core import config as vconfig
+    from vidlabel.serve.command import mm_processor_kwargs
+    from vidlabel.serve.settings import ServeSettings
+
+    config = vconfig.validate({"posts": "posts.csv", "media_root": "/", "planning": {"transcode": {"enabled": False},
+                                                                                    "over_limit": "exclude"}})
+    return mm_processor_kwargs(ServeSettings.from_config(config).server, form)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("step", choices=["media", "check"])
-    parser.add_argument("workdir", type=Path)
+    parser.add_argument("step", choices=["media", "check", "flags"])
+    parser.add_argument("workdir", help="WORKDIR (media, check) or the form (flags)")
     parser.add_argument("--url", default="http://127.0.0.1:8000/v1")
     parser.add_argument("--model", default="Qwen/Qwen2.5-VL-7B-Instruct")
     parser.add_argument("--expect", choices=sorted(HYPOTHESES), default="flat")
     args = parser.parse_args(argv)
-    workdir = args.workdir.resolve()
+    if args.step == "flags":
+        print(flags(args.workdir))
+        return 0
+    workdir = Path(args.workdir).resolve()
     if args.step == "media":
         make_media(workdir)
         return 0

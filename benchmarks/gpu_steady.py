@@ -19,7 +19,12 @@ completions (from the 10th to the 90th percentile of finish times), with the ram
   cannot tell them apart), and the decode part measured by replaying the window's videos through
   vLLM's own loader with the job's backend after the job (``decode_indices.vllm_loader``); the rest is
   the HF processor (resize, normalise) and request handling;
-- the engine core's CPU per request.
+- the engine core's CPU per request;
+- per post type (video, photo, slideshow, carousel: the shard sends each type in a phase of its own,
+  gpu_classify.py ``prepare``): the type's own steady window (the middle 80 % of its completions), its
+  prompt tok/s, req/s and GPU busy there, how many of the window's completions were of another type
+  (the overlap at the phase's edges), its status counts and the estimate over served prompt tokens
+  (every request, and how many within ±2 %).
 
 Variants are ``gpu_classify.py`` variant words (``default``, ``transcoded``, ``decgpu``, ``dectorchcodec``,
 ``fp8``, ``apiN``, ``concN``, ...). ``--cpus 0-7`` pins the job (and the servers it starts) to those
@@ -236,21 +241,63 @@ def cpu_split(proc: ProcSampler, lo: float, hi: float, answers: int) -> dict:
     return {k: v / answers for k, v in out.items()}
 
 
+def _shard(config: dict):
+    import pyarrow.parquet as pq
+
+    return pq.read_table(Path(config["results"]) / "manifest" / "shard-0.parquet")
+
+
+def shard_videos(config: dict) -> dict[str, list[str]]:
+    """The video files each request sends (its items', or a one-video manifest's media_path)."""
+    rows = _shard(config).to_pylist()
+    return {r["request_id"]: [i["media_path"] for i in r["items"] if i["kind"] == "video" and i["media_path"]]
+            if r.get("items") is not None else [r["media_path"]] for r in rows}
+
+
+def by_post_type(records: list[dict], gpu_samples, config: dict) -> dict:
+    """Each post type's steady state (module docstring), where the shard names the types."""
+    table = _shard(config)
+    if "post_type" not in table.column_names:
+        return {}
+    kind = dict(zip(table.column("request_id").to_pylist(), table.column("post_type").to_pylist()))
+    finished = [r for r in records if r["status"] == "ok" and r.get("finished_at")]
+    out = {}
+    for post_type in sorted({kind.get(r["request_id"]) for r in records} - {None}):
+        mine = [r for r in records if kind.get(r["request_id"]) == post_type]
+        ok = [r for r in mine if r["status"] == "ok" and r.get("finished_at")]
+        statuses: dict[str, int] = {}
+        for r in mine:
+            key = "ok" if r["status"] == "ok" else r.get("error_kind") or "error"
+            statuses[key] = statuses.get(key, 0) + 1
+        ratios = sorted(r["est_prompt_tokens"] / r["prompt_tokens"] for r in ok if r.get("prompt_tokens"))
+        entry = {"requests": len(mine), "by_status": statuses,
+                 "est_over_served": {"min": ratios[0], "median": statistics.median(ratios), "max": ratios[-1]}
+                 if ratios else None, "within_2pct": sum(abs(x - 1) <= 0.02 for x in ratios)}
+        if len(ok) >= 10:
+            lo, hi = window_bounds([r["finished_at"] for r in ok])
+            win = phase(mine, lo, hi)
+            gpu = [u for t, u in gpu_samples if lo <= t <= hi]
+            others = sum(1 for r in finished if lo < r["finished_at"] <= hi and kind.get(r["request_id"]) != post_type)
+            entry.update(window=win, gpu_busy=statistics.mean(gpu) if gpu else None,
+                         gpu_idle_share=sum(u < 5 for u in gpu) / len(gpu) if gpu else None,
+                         other_types_in_window=others)
+        out[post_type] = entry
+    return out
+
+
 def replay_decode(records: list[dict], lo: float, hi: float, config: dict) -> dict:
     """Decode CPU-s per answer of the window: each distinct video through vLLM's loader with the job's
     backend (the re-implementation where vLLM is not importable), weighted by how often the window sent it."""
-    import pyarrow.parquet as pq
-
     from vidlabel.serve import decode as vdecode
 
     backend, fps = vdecode.backend(config), float(config["planning"]["fps"])
-    shard = pq.read_table(Path(config["results"]) / "manifest" / "shard-0.parquet", columns=["request_id", "media_path"])
-    media = dict(zip(shard.column("request_id").to_pylist(), shard.column("media_path").to_pylist()))
+    media = shard_videos(config)
     sent: dict[str, int] = {}
     first_path: dict[tuple[int, int], str] = {}  # posts that share a file (hard links) decode it once
     for r in records:
-        path = media.get(r["request_id"])
-        if r["status"] == "ok" and lo < r["finished_at"] <= hi and path:
+        if r["status"] != "ok" or not lo < r["finished_at"] <= hi:
+            continue
+        for path in media.get(r["request_id"], []):
             st = os.stat(path)
             path = first_path.setdefault((st.st_dev, st.st_ino), path)
             sent[path] = sent.get(path, 0) + 1
@@ -298,6 +345,7 @@ def steady(records, gpu_samples, metrics: MetricsSampler, proc: ProcSampler, con
         "cpus": len(os.sched_getaffinity(0)), "decode": vdecode.choice(config),
         "max_num_seqs": config["classify"]["max_num_seqs"],
     }
+    out["by_post_type"] = by_post_type(records, gpu_samples, config)
     if replay:
         out["replay"] = replay_decode(records, lo, hi, config)
         cpu, decoded = out["cpu_s_per_answer"], out["replay"].get("decode_cpu_s_per_answer")
@@ -360,6 +408,20 @@ def table(rows: list[dict]) -> str:
             f"rest {fmt(cpu.get('api_besides_decode'), '.2f')}) | "
             f"{fmt(cpu.get('engine'), '.2f')} |")
     lines += [f"{r['variant']}: {(r.get('steady') or {}).get('verdict', '-')}" for r in rows]
+    types = [(r["variant"], t, e) for r in rows for t, e in ((r.get("steady") or {}).get("by_post_type") or {}).items()]
+    if types:
+        lines += ["", "| variant | post type | requests: status | est/served tokens (min / median / max; within ±2 %) | "
+                  "steady prompt tok/s | steady req/s | GPU busy (idle) | other types in the window |",
+                  "|---" * 8 + "|"]
+        for variant, post_type, e in types:
+            ratio, win = e["est_over_served"], e.get("window") or {}
+            lines.append(
+                f"| {variant} | {post_type} | {e['requests']}: {e['by_status']} | "
+                + (f"{ratio['min']:.3f} / {ratio['median']:.3f} / {ratio['max']:.3f}; {e['within_2pct']}" if ratio
+                   else "-")
+                + f" | {fmt(win.get('prompt_tok_s'))} | {fmt(win.get('req_s'), '.2f')} | "
+                f"{fmt(e.get('gpu_busy'), '.0f', ' %')} ({fmt(e.get('gpu_idle_share'), '.0%')}) | "
+                f"{fmt(e.get('other_types_in_window'), 'd')} |")
     return "\n".join(lines)
 
 

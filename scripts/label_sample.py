@@ -7,4 +7,4 @@ configure(snakemake.log[0])
 config = for_job(snakemake.config, "label_sample")
 burn_in = snakemake.input.burn_in[0] if snakemake.input.burn_in else None
 run(config, snakemake.input.labels, list(snakemake.input.manifest), burn_in, dict(snakemake.output.items()),
-    inventory_path=snakemake.input.inventory)
+    inventory_path=snakemake.input.inventory, transcript_paths=list(snakemake.input.transcripts))

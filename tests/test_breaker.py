@@ -67,10 +67,12 @@ def test_an_endpoint_with_vllms_default_encoder_cache_stops_the_job_naming_its_s
         shard.posts[i]["media_path"] = str(big)
     shim = vllm_shim(tmp_path / "bin", *YES_IF, "--request-log", shard.request_log)
     monkeypatch.setenv("PATH", f"{shim.parent}{os.pathsep}{os.environ['PATH']}")
-    # vidlabel's media flags (no images: with images enabled at their HF bound the profiler's image alone
-    # would size the cache at 16,384), but vLLM's default --max-num-batched-tokens.
+    # vidlabel's earlier media flags (no images, one flat pixel bound: vLLM's profiler then sizes its video
+    # at 7 pairs of 24x32 cells; images enabled, or the image processor's own bound, would give a larger
+    # cache: tests/standin/qwen_image.py), but vLLM's default --max-num-batched-tokens.
     vllm = ("vllm serve {model} --host 127.0.0.1 --port {port} --allowed-local-media-path {media_root} "
-            "--limit-mm-per-prompt '{{\"image\":0,\"video\":1}}'")
+            "--limit-mm-per-prompt '{{\"image\":0,\"video\":1}}' "
+            "--mm-processor-kwargs '{{\"min_pixels\":100352,\"max_pixels\":602112}}'")
     default_flags = _endpoint(shard, shard.config(server_command=vllm), "default", "k")
     try:
         cfg = _use_endpoints(shard.config(), monkeypatch, "k", default_flags)

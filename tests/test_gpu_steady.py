@@ -76,3 +76,33 @@ def test_window_cpu_split_and_verdict_on_recorded_samples():
     assert "GPU sets the pace" in gpu_steady.verdict({"gpu_busy": 95, "engine_waiting_median": 3,
                                                       "engine_running_median": 32})
     assert gpu_steady.parse_cpus("0-3,8") == {0, 1, 2, 3, 8}
+
+
+def test_mixed_posts_are_measured_per_post_type(tmp_path, capsys):
+    """The GPU check's mixed set on the stand-in: photo posts and carousels of real photos (phone sizes,
+    JPEG and WebP, some sideways) and clips beside the video posts, planned into one shard grouped by
+    post type; every request answered, its estimate within 2 % of the served prompt tokens, and each
+    post type's steady window in the JSON and the table."""
+    work = tmp_path / "work"
+    assert gpu_classify.main(["media", "--workdir", str(work), "--kind", "testsrc2", "--sources", "3", "--posts", "24",
+                              "--photo-posts", "4", "--carousels", "14", "--jobs", "2"]) == 0
+    slow = ["--standin-args", "--slots 2 --latency 0.1"]
+    assert gpu_steady.main(["--workdir", str(work), "--standin", *slow, "--variants", "default", "--min-requests", "10",
+                            "--no-replay", "--jobs", "2"]) == 0
+    printed = capsys.readouterr().out
+    row = next(r for r in json.loads((work / "gpu_classify.json").read_text()) if r["variant"] == "default")
+    assert set(row["by_kind"]) == {"ok"}  # the broken files are excluded by the manifest, the rest answered
+    types = row["steady"]["by_post_type"]
+    assert {"video", "carousel"} <= set(types) and set(types) & {"slideshow", "photo"}
+    assert sum(t["requests"] for t in types.values()) == row["requests"]
+    for post_type, entry in types.items():
+        assert entry["within_2pct"] == entry["requests"] == entry["by_status"]["ok"], (post_type, entry)
+    for post_type in ("video", "carousel"):
+        assert types[post_type]["window"]["prompt_tok_s"] > 0 and types[post_type]["window"]["answers"] >= 8
+    assert "| default | carousel |" in printed
+    # The shard sends each type in a phase of its own.
+    import pyarrow.parquet as pq
+
+    sent = pq.read_table(work / "data-raw" / "manifest" / "shard-0.parquet", columns=["post_type"]).column(
+        "post_type").to_pylist()
+    assert sent == sorted(sent, key=gpu_classify.POST_TYPE_ORDER.index)

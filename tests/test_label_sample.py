@@ -87,7 +87,22 @@ def _results(tmp_path, n_ok=300, n_error=12, n_excluded=5, probabilities=True, s
             "transcript": [None if r["post_id"].endswith("3") else f"said in {r['post_id']}" for r in part],
         }), path)
         manifest.append(path)
+    write_transcript_chunks(tmp_path / "results", {})
     return labels, manifest, truth
+
+
+def write_transcript_chunks(results, texts: dict[str, str], chunks: int = 2) -> list:
+    """The transcribe rule's chunks (the label_sample rule's input), holding ``texts`` by transcript id."""
+    paths = []
+    for chunk in range(chunks):
+        ids = sorted(texts)[chunk::chunks]
+        path = results / "transcripts" / f"chunk-{chunk}.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"post_id": pa.array(ids, pa.string()), "transcript_id": pa.array(ids, pa.string()),
+                                 "text": pa.array([texts[i] for i in ids], pa.string()),
+                                 "status": pa.array(["ok"] * len(ids), pa.string())}), path)
+        paths.append(path)
+    return paths
 
 
 def _outputs(tmp_path):
@@ -126,7 +141,8 @@ def test_design_follows_the_model_uncertainty_and_covers_failed_posts(tmp_path):
     np.testing.assert_array_equal(drawn, sampling.draw(expected_pi, 7))
 
     sample = _read_csv(outputs["sample"])
-    assert list(sample[0]) == ["post_id", "video_path", "caption", "transcript", "questions", "pi", "seed", "design"]
+    assert list(sample[0]) == ["post_id", "video_path", "media", "caption", "transcript", "questions", "pi", "seed",
+                              "design"]
     by_post = {r["post_id"]: r for r in design}
     assert sorted(r["post_id"] for r in sample) == sorted(p for p, d in zip(population, drawn) if d)
     for row in sample:
@@ -144,10 +160,10 @@ def test_label_studio_files_show_every_question_and_point_at_the_videos(tmp_path
     run(config, labels, manifest, None, outputs)
 
     view = ET.fromstring(outputs["ls_config"].read_text())
-    assert view.find("Video").get("value") == "$video"
+    assert view.find("Repeater[@on='$videos']/Video").get("value") == "$videos[{{idx}}].url"
     choices = view.findall("Choices")
     assert [c.get("name") for c in choices] == IDS
-    assert all(c.get("toName") == "video" and [x.get("value") for x in c] == ["yes", "no"] for c in choices)
+    assert all(c.get("toName") == "caption" and [x.get("value") for x in c] == ["yes", "no"] for c in choices)
     headers = [h.get("value") for h in view.findall("Header")]
     assert all(q["text"] in headers for q in QUESTIONS)  # "&" and "<" survive XML escaping
 
@@ -155,7 +171,8 @@ def test_label_studio_files_show_every_question_and_point_at_the_videos(tmp_path
     sample = _read_csv(outputs["sample"])
     assert [t["data"]["post_id"] for t in tasks] == [r["post_id"] for r in sample]
     for task, row in zip(tasks, sample):
-        assert task["data"]["video"] == f"/data/local-files/?d=media/sub%20dir/{row['post_id']}.mp4"
+        (video,) = task["data"]["videos"]
+        assert video["url"] == f"/data/local-files/?d=media/sub%20dir/{row['post_id']}.mp4"
         assert task["data"]["pi"] == pytest.approx(float(row["pi"]))
         assert task["data"]["transcript"] == row["transcript"]
         assert not set(task["data"]) & set(IDS)  # the model's answers are not shown to coders
@@ -634,7 +651,8 @@ def test_snakemake_label_sample_writes_the_sample(tmp_path):
     assert sorted(r["post_id"] for r in sample) == sorted(r["post_id"] for r in design if r["drawn"])
     assert {r["seed"] for r in sample} == {"5"}
     assert "drawn for coding" in (tmp_path / "logs" / "label_sample.log").read_text()
-    assert {t["data"]["fps"] for t in json.loads((out / "labelstudio_tasks.json").read_text())} == {30.0}
+    assert {v["fps"] for t in json.loads((out / "labelstudio_tasks.json").read_text()) for v in t["data"]["videos"]} == {
+        30.0}
 
 
 def test_posts_classified_after_the_draw_are_estimated_apart(tmp_path):

@@ -7,7 +7,8 @@ storage on media_root, imports the generated tasks, writes two coders' annotatio
 and an adjudication (an annotation set as ground truth), exports JSON, reads the export back with
 `label_sample collect` and aggregates. Debian's Chromium, driven by Playwright, opens every task's
 labelling page: the video element must report the inventory's size and duration, the frame counter the
-inventory's frame rate, and a screenshot of the first task is kept (path printed; a copy under
+inventory's frame rate, a carousel's photo (every other post is a carousel of its clip and a photo)
+its own size, and a screenshot of the first task is kept (path printed; a copy under
 logs/test-artifacts/labelstudio/).
 
 Set VIDLABEL_LABEL_STUDIO_VENV to a folder to keep Label Studio's virtualenv between runs (it is made
@@ -17,6 +18,7 @@ there when missing); by default it lives in the test's temporary folder.
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
 import re
@@ -37,10 +39,12 @@ import pytest
 import yaml
 from conftest import REPO, default_model_dir, run_snakemake, write_overlay
 from demo_media import get_demo_set
+from test_label_sample import write_transcript_chunks
 
 from vidlabel.analyze import aggregate, labelstudio
 from vidlabel.analyze.label_sample import sample_questions
 from vidlabel.core.config import load
+from vidlabel.demo_mixed import camera_photo
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
@@ -74,10 +78,12 @@ def drawn(tmp_path_factory):
     probed = [r for r in inventory.to_pylist() if r["probe_error"] is None]
     (results / "manifest").mkdir(parents=True)
     shutil.copy(demo.inventory, results / "inventory.parquet")
+    write_transcript_chunks(results, {})
     for shard in range(2):  # write_overlay's classify.shards
         part = probed[shard::2]
         pq.write_table(pa.table({
             "request_id": [f"r-{r['post_id']}" for r in part], "post_id": [r["post_id"] for r in part],
+            "items": pa.array([_items(demo, r) for r in part], ITEMS),
             "video_path": [r["video_path"] for r in part], "caption": [r["caption"] for r in part],
             "transcript": [demo.expected[r["post_id"]]["text"] for r in part]}),
             results / "manifest" / f"shard-{shard}.parquet")
@@ -103,6 +109,24 @@ def drawn(tmp_path_factory):
     pq.write_table(pa.Table.from_pylist(rows), labels)
     run_snakemake(workdir, "label_sample", "--allowed-rules", "label_sample", "--cores", "1", timeout=600)
     return workdir, config, demo
+
+
+ITEMS = pa.list_(pa.struct([("index", pa.int64()), ("kind", pa.string()), ("path", pa.string()),
+                            ("media_path", pa.string()), ("label", pa.string()), ("est_tokens", pa.int64()),
+                            ("transcript_id", pa.string())]))
+PHOTO_SIZE = (640, 800)  # (width, height), upright (no orientation tag)
+
+
+def _items(demo, row) -> list[dict]:
+    """The post's clip alone, or (every other post) a carousel of the clip and a photo beside it."""
+    video = {"index": 0, "kind": "video", "path": row["video_path"], "media_path": row["video_path"],
+             "label": None, "est_tokens": None, "transcript_id": None}
+    if int(hashlib.sha256(row["post_id"].encode()).hexdigest(), 16) % 2:
+        return [video]
+    photo = camera_photo(Path(demo.media) / "labelstudio-photos" / f"{row['post_id']}.jpg", PHOTO_SIZE, 5)
+    return [{**video, "label": "Video 1 of 1"}, {"index": 1, "kind": "image", "path": str(photo),
+                                                 "media_path": str(photo), "label": "Photo 1 of 1", "est_tokens": None,
+                                                 "transcript_id": None}]
 
 
 # --------------------------------------------------------------------------------------------
@@ -230,20 +254,33 @@ VIDEO_STATE_JS = """() => {
 }"""
 
 
-def _labelling_page(page, api, project, task) -> dict:
-    """Open a task's labelling page; returns the video's state and the frame counter's total."""
+# The carousel's photo once loaded: the largest picture on the page as the browser decoded it (Label
+# Studio may show it from a blob: URL, so the file's name need not be in its src).
+PHOTO_STATE_JS = """() => {
+  const shown = [...document.querySelectorAll('img')].filter(i => i.complete && i.naturalWidth >= 100);
+  if (!shown.length) return null;
+  const i = shown.reduce((a, b) => a.naturalWidth * a.naturalHeight >= b.naturalWidth * b.naturalHeight ? a : b);
+  return {width: i.naturalWidth, height: i.naturalHeight, src: i.currentSrc};
+}"""
+
+
+def _labelling_page(page, api, project, task, photo: bool = False) -> dict:
+    """Open a task's labelling page; returns the video's state, the frame counter's total and, for a
+    carousel, its photo's."""
     page.goto(f"{api.url}/projects/{project}/data?task={task}")
     state = page.wait_for_function(VIDEO_STATE_JS, timeout=120_000).json_value()
+    image = page.wait_for_function(PHOTO_STATE_JS, timeout=120_000).json_value() if photo else None
     page.wait_for_timeout(1000)  # let the player draw the frame before a screenshot
-    counter = re.search(r"\b1\s+of\s+(\d+)\b", page.inner_text("body"))
-    return {**state, "frames": int(counter.group(1)) if counter else None}
+    # The frame counter ("1 of 49"); a carousel's labels ("Photo 1 of 1") count items, fewer than frames.
+    counters = [int(n) for n in re.findall(r"\b1\s+of\s+(\d+)\b", page.inner_text("body"))]
+    return {**state, "frames": max(counters) if counters else None, "photo": image}
 
 
 # --------------------------------------------------------------------------------------------
 # The round trip
 
 def _choices(labels: dict[str, str]) -> list[dict]:
-    return [{"from_name": q, "to_name": labelstudio.VIDEO_TAG, "type": "choices", "value": {"choices": [label]}}
+    return [{"from_name": q, "to_name": labelstudio.CHOICES_TARGET, "type": "choices", "value": {"choices": [label]}}
             for q, label in labels.items()]
 
 
@@ -278,13 +315,19 @@ def test_label_studio_round_trip(drawn, label_studio, browser_page, tmp_path):
     task_of = {t["data"]["post_id"]: t["id"] for t in listed}
     assert [t["data"] for t in sorted(listed, key=lambda t: t["id"])] == [t["data"] for t in task_file]
     for task in task_file:  # the inventory's frame rate, for the Video tag's frameRate
-        assert task["data"]["fps"] == pytest.approx(inventory[task["data"]["post_id"]]["fps"])
+        (video,) = task["data"]["videos"]
+        assert video["fps"] == pytest.approx(inventory[task["data"]["post_id"]]["fps"])
+    carousels = {t["data"]["post_id"] for t in task_file if t["data"]["images"]}
+    assert carousels and len(carousels) < len(task_file), "the draw must hold carousels and one-video posts"
 
-    # Every labelling page plays its clip at the inventory's size, duration and frame rate.
+    # Every labelling page plays its clip at the inventory's size, duration and frame rate, and shows a
+    # carousel's photo at its own size.
     page = browser_page
     for row in sample:
         probe = inventory[row["post_id"]]
-        state = _labelling_page(page, api, project, task_of[row["post_id"]])
+        state = _labelling_page(page, api, project, task_of[row["post_id"]], photo=row["post_id"] in carousels)
+        if row["post_id"] in carousels:
+            assert (state["photo"]["width"], state["photo"]["height"]) == PHOTO_SIZE, (row["post_id"], state)
         assert "error" not in state, f"{row['post_id']}: the browser could not play {state['src']}: error {state}"
         assert (state["width"], state["height"]) == (probe["width"], probe["height"]), row["post_id"]
         assert state["duration"] == pytest.approx(probe["duration_s"], abs=1 / probe["fps"]), row["post_id"]  # a frame

@@ -98,7 +98,7 @@ def test_merge_one_row_per_post(fabricated):
     f = fabricated
     table = pq.read_table(_merge(f))
     assert table.column_names == ["post_id", "shard", "status", "error_kind", "error", "promotes_product",
-                                  "shows_face", "latency_s", "started_at", "finished_at", "prompt_tokens",
+                                  "shows_face", "error_item", "latency_s", "started_at", "finished_at", "prompt_tokens",
                                   "completion_tokens", "answer_probs", "transcript_status", "model",
                                   "model_revision", "server", "server_fingerprint", "settings_fingerprint",
                                   "prompt_hash", "request_fingerprint", "gpus", "job_id"]

@@ -82,7 +82,10 @@ def test_default_command_fills_every_field_and_keeps_json_arguments(tmp_path):
     assert opt["--max-num-batched-tokens"] == "16384"
     assert opt["--allowed-local-media-path"] == os.path.realpath(tmp_path / "my media")  # one argument
     assert json.loads(opt["--limit-mm-per-prompt"]) == {"image": 0, "video": 1}
-    assert json.loads(opt["--mm-processor-kwargs"]) == {"min_pixels": 100352, "max_pixels": 602112}
+    # Video frames and images each within their own bounds (vidlabel.serve.command.PIXEL_BOUNDS_FORM).
+    assert json.loads(opt["--mm-processor-kwargs"]) == {
+        "images_kwargs": {"min_pixels": 3136, "max_pixels": 12845056},
+        "videos_kwargs": {"min_pixels": 100352, "max_pixels": 602112}}
     assert json.loads(opt["--media-io-kwargs"]) == {"video": {"fps": 2}}
     assert json.loads(opt["--structured-outputs-config"]) == {"backend": "xgrammar", "disable_any_whitespace": True}
     assert opt["--generation-config"] == "vllm" and opt["--api-server-count"] == "3"

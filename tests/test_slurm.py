@@ -605,7 +605,7 @@ def test_e2e_results_equal_the_local_profile(slurm_e2e, local_reference):
 def test_server_media_threads_follow_the_cpus_granted(slurm_e2e):
     """classify asks for 4 GPUs x cpus_per_gpu CPUs; the server's API processes and their media
     decoding threads share all but two of them."""
-    from vidlabel.serve.server import (
+    from vidlabel.serve.command import (
         CPUS_PER_API_SERVER,
         MAX_API_SERVERS,
         RESERVED_CPUS,

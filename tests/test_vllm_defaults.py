@@ -32,6 +32,9 @@ SIZES = [(720, 1280), (1280, 720), (1080, 1920), (1920, 1080)]
 # The flags the default command gained for a real vLLM; without them it is the old default.
 NEW_FLAGS = (" --max-num-batched-tokens {max_num_batched_tokens}",
              " --structured-outputs-config '{{\"backend\":\"xgrammar\",\"disable_any_whitespace\":true}}'")
+# The old default's one flat pixel bound (before images had their own): vLLM's profiler then sized its
+# video by it (7 pairs of 24x32 cells), so the encoder cache was --max-num-batched-tokens' 8192.
+OLD_PIXEL_BOUNDS = "'{{\"min_pixels\":{min_pixels},\"max_pixels\":{max_pixels}}}'"
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +123,7 @@ def test_the_old_default_command_stops_at_the_first_encoder_cache_refusal(holdou
     21 there). Those refusals describe the server, not the posts: the job stops at the first, naming the
     server's 8192 and both fixes, and journals nothing terminal."""
     root, config, shard = holdout
-    old = _without(*NEW_FLAGS)
+    old = _without(*NEW_FLAGS).replace("{mm_processor_kwargs}", OLD_PIXEL_BOUNDS)
     with pytest.raises(ServerBelowPlan) as info:
         classify(root, config, shard, "old", "--random-weights", server_command=old, monkeypatch=monkeypatch)
     assert "encoder cache holds 8192 tokens" in str(info.value)

@@ -7,9 +7,7 @@ vidlabel's own estimator (``vidlabel.prepare.tokens``), so that the tests compar
 - frames: ``n = total_frames / source_fps * fps``, clamped to [min_frames, max_frames] (and the
   file's frames, floored to even), then floored to a multiple of the temporal patch (2);
 - each frame resized to multiples of 28 with its area within [min_pixels, max_pixels];
-- one token per 28x28 cell per frame pair;
-- the encoder cache holds max(--max-num-batched-tokens, the profiler's largest video item); the
-  profiler's video is at most 14 frames of the largest image the pixel bound allows.
+- one token per 28x28 cell per frame pair (the encoder cache: ``qwen_image.encoder_cache_size``).
 """
 
 from __future__ import annotations
@@ -91,9 +89,3 @@ def video_tokens(info: VideoInfo, fps: float, min_pixels: int, max_pixels: int) 
     frames = sampled_frames(info, fps)
     h, w = resize(info.height, info.width, min_pixels, max_pixels)
     return math.ceil(frames / TEMPORAL_PATCH) * (h // FACTOR) * (w // FACTOR)
-
-
-def encoder_cache_size(max_num_batched_tokens: int, max_pixels: int) -> int:
-    """max(budget, the profiler's largest item): 14 frames at the largest cell grid the bound allows."""
-    cells = max_pixels // (FACTOR * FACTOR)
-    return max(max_num_batched_tokens, PROFILER_MAX_FRAMES // TEMPORAL_PATCH * cells)

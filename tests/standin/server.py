@@ -12,7 +12,9 @@ It behaves like vLLM 0.26 where the client can tell the difference:
   ``--video-tokens qwen`` images count as vLLM counts them (``qwen_image.py``: the stored size,
   smart_resize within the image bounds of ``--mm-processor-kwargs``, + 2 markers per image);
 - a prompt longer than ``--max-model-len`` → 400 "This model's maximum context length is ...";
-  an item (video or image) of more tokens than the encoder cache → 400 "... exceeds the pre-allocated encoder cache size ...";
+  an item (video or image) of more tokens than the encoder cache (sized as vLLM sizes it, ``qwen_image.py``)
+  → 400 "The decoder prompt contains a(n) image item with N embedding tokens, which exceeds the
+  pre-allocated encoder cache size M. ...";
 - ``max_tokens`` caps the output: a longer answer is cut and ``finish_reason`` is ``length``;
 - a capacity model: ``--slots`` running requests, a waiting queue, service time proportional to the
   prompt and output tokens, 503 "The engine is currently busy ..." above ``--max-queued`` waiting;
@@ -306,9 +308,8 @@ class StandIn:
         self.min_pixels, self.max_pixels = qwen_image.bounds(args.mm_processor_kwargs, "video")
         self.image_min_pixels, self.image_max_pixels = qwen_image.bounds(args.mm_processor_kwargs, "image")
         if args.video_tokens == "qwen":
-            self.encoder_cache = qwen_video.encoder_cache_size(args.max_num_batched_tokens, self.max_pixels)
-            if qwen_image.limit(args.limit_mm_per_prompt, "image") > 0:
-                self.encoder_cache = max(self.encoder_cache, qwen_image.profiled_image_embeds(self.image_max_pixels))
+            self.encoder_cache = qwen_image.encoder_cache_size(args.max_num_batched_tokens, args.mm_processor_kwargs,
+                                                               args.limit_mm_per_prompt, args.max_model_len)
         else:
             self.encoder_cache = args.encoder_cache_tokens or args.max_num_batched_tokens or 0
         self.no_whitespace = bool(args.structured_outputs_config.get("disable_any_whitespace"))

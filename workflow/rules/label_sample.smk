@@ -12,8 +12,9 @@ rule label_sample:
     input:
         labels=f"{RESULTS}/models/{LABEL_SAMPLE_MODEL}/labels.parquet",
         manifest=manifest_shards,
-        # each video's frame rate, for the Label Studio tasks
+        # each video's frame rate and each item's transcript, for the Label Studio tasks
         inventory=f"{RESULTS}/inventory.parquet",
+        transcripts=transcript_chunks,
         burn_in=label_sample_burn_in,
     output:
         sample=f"{RESULTS}/label_sample/sample.csv",

@@ -42,7 +42,9 @@ from vidlabel.core.settings import fingerprint
 
 log = logging.getLogger(__name__)
 
-SAMPLE_COLUMNS = ("post_id", "video_path", "caption", "transcript", "questions", "pi", "seed", "design")
+# video_path: the post's first video (empty for a photo post); media: every item's original file, in
+# the post's order (a JSON array).
+SAMPLE_COLUMNS = ("post_id", "video_path", "media", "caption", "transcript", "questions", "pi", "seed", "design")
 # The human-labels file (aggregate's format); adjudication carries a burn-in's adjudicated labels and
 # those of the annotations set as ground truth in Label Studio, phase the phase of a two-phase design a
 # label belongs to (1 burn-in, 2 second draw; empty for one phase).
@@ -67,15 +69,20 @@ WHERE answer_probs IS NOT NULL
 # The resolved burn-in labels (table human_resolved of humans.load_human_labels): one y per post
 # and question, 0.5 for a tie.
 BURN_IN_RESOLVED_SQL = "SELECT post_id, question, y FROM human_resolved"
-# Caption, transcript and the original video of the sampled posts, from the manifest shards, and the
-# video's frame rate from the inventory (Label Studio's frameRate).
+# The manifest's columns a task shows, where the shards have them (items: a post of several media items;
+# video_path: a one-video manifest's).
+TASK_MANIFEST_COLUMNS = ("items", "video_path", "caption", "transcript")
+# The sampled posts' manifest rows, in the sample's order.
 SAMPLED_POSTS_SQL = """
-SELECT s.post_id, m.video_path, m.caption, m.transcript, i.fps
-FROM sampled s LEFT JOIN manifest m USING (post_id) LEFT JOIN inventory i USING (post_id)
+SELECT s.post_id, s.post_id IN (SELECT post_id FROM manifest) AS found, {columns}
+FROM sampled s LEFT JOIN manifest m USING (post_id)
 ORDER BY s.position
 """
-# Without an inventory no frame rate is known (Label Studio then assumes 24 per second).
-NO_INVENTORY_SQL = "CREATE OR REPLACE VIEW inventory AS SELECT NULL::VARCHAR AS post_id, NULL::DOUBLE AS fps LIMIT 0"
+# Each item's frame rate from the inventory (Label Studio's frameRate): one row per item where the
+# inventory has them (item_index), else one per post (a one-video inventory).
+INVENTORY_FPS_SQL = "SELECT post_id, {index} AS item_index, fps FROM inventory WHERE post_id IN (SELECT post_id FROM sampled)"
+# Transcript texts by identity, for the items of the sampled posts.
+TRANSCRIPTS_SQL = "SELECT transcript_id, text FROM transcripts WHERE transcript_id IS NOT NULL AND status = 'ok'"
 
 
 class SampleError(ValueError):
@@ -214,10 +221,11 @@ class _Draw(NamedTuple):
 
 def run(config: dict[str, Any], labels_path: str | Path, manifest_paths: list[str | Path],
         burn_in_path: str | Path | None, outputs: dict[str, str | Path],
-        inventory_path: str | Path | None = None) -> None:
+        inventory_path: str | Path | None = None, transcript_paths: list[str | Path] | None = None) -> None:
     """Draw the sample and write ``outputs``: sample (CSV), design (Parquet, ``sample_design``), burn_in
-    (CSV, the burn-in's labels in human-label format, header only without one), ls_config (XML),
-    ls_tasks (JSON, each video's frame rate from ``inventory_path``, the rule's inventory.parquet)."""
+    (CSV, the burn-in's labels in human-label format, header only without one), ls_config (XML), ls_tasks
+    (JSON, every item of each post, each video's frame rate from ``inventory_path``, the rule's
+    inventory.parquet, and each item's transcript from ``transcript_paths``, the transcript chunks)."""
     settings = config["label_sample"]
     kind = settings["design"]
     questions = sample_questions(config)
@@ -250,12 +258,12 @@ def run(config: dict[str, Any], labels_path: str | Path, manifest_paths: list[st
                                         "design": draw.post_design.tolist(), "calibrated": draw.calibrated}, metadata)
     new = np.flatnonzero(draw.coded)
     new = new[np.random.default_rng((seed, 1)).permutation(new.size)]  # coding order: a stop part-way is random
-    rows = _sample_rows(con, manifest_paths, inventory_path, [post_ids[i] for i in new], draw.pi[new],
-                        draw.post_design[new], ids,
-                        seed)
+    rows = _sample_rows(con, manifest_paths, inventory_path, transcript_paths or [], [post_ids[i] for i in new],
+                        draw.pi[new], draw.post_design[new], ids, seed)
     _write_csv(outputs["sample"], SAMPLE_COLUMNS, rows)
     for row in rows:
-        row["video"] = labelstudio.video_url(settings["video_url"], row["video_path"], config["media_root"])
+        for item in (*row["videos"], *row["images"]):
+            item["url"] = labelstudio.media_url(settings["video_url"], item["path"], config["media_root"])
     write_text(labelstudio.labelling_config(questions), outputs["ls_config"])
     write_text(json.dumps(labelstudio.tasks(rows), ensure_ascii=False, indent=1) + "\n", outputs["ls_tasks"])
     share = draw.pi[draw.coded] if draw.coded.any() else np.zeros(1)
@@ -314,22 +322,57 @@ def _second_draw(con, config, burn_in_path, post_ids, ids, model_p_yes, budget, 
                   "combination": dict(zip(ids, design.combination))}, burn_in_rows(con, design.pi_burn_in))
 
 
-def _sample_rows(con, manifest_paths, inventory_path, post_ids, pi, design, ids, seed) -> list[dict[str, Any]]:
+def _sample_rows(con, manifest_paths, inventory_path, transcript_paths, post_ids, pi, design, ids,
+                 seed) -> list[dict[str, Any]]:
     duck.parquet_view(con, "manifest", manifest_paths, union_by_name=True)
-    if inventory_path is None:
-        con.execute(NO_INVENTORY_SQL)
-    else:
-        duck.parquet_view(con, "inventory", inventory_path)
     con.register("sampled", pa.table({"post_id": pa.array(post_ids, pa.string()),
                                       "position": list(range(len(post_ids)))}))
-    found = con.execute(SAMPLED_POSTS_SQL).fetchall()
-    absent = [post_id for post_id, video_path, *_ in found if video_path is None]
+    have = {row[0] for row in con.execute("DESCRIBE manifest").fetchall()}
+    columns = ", ".join(f"m.{c}" if c in have else f"NULL AS {c}" for c in TASK_MANIFEST_COLUMNS)
+    found = con.execute(SAMPLED_POSTS_SQL.format(columns=columns)).fetchall()
+    absent = [post_id for post_id, there, *_ in found if not there]
     if absent:
         raise SampleError(f"{len(absent)} sampled post(s) are not in the manifest shards, e.g. {absent[:5]}: "
                           "rerun the workflow so that labels.parquet and the manifest agree")
-    return [{"post_id": post_id, "video_path": video_path, "caption": caption or "", "transcript": transcript or "",
-             "questions": labelstudio.QUESTIONS_SEPARATOR.join(ids), "pi": float(p), "seed": seed, "design": str(d),
-             "fps": fps} for (post_id, video_path, caption, transcript, fps), p, d in zip(found, pi, design)]
+    fps: dict[tuple[str, int | None], float | None] = {}
+    if inventory_path is not None:
+        duck.parquet_view(con, "inventory", inventory_path)
+        by_item = "item_index" in {row[0] for row in con.execute("DESCRIBE inventory").fetchall()}
+        fps = {(post_id, index): rate for post_id, index, rate in
+               con.execute(INVENTORY_FPS_SQL.format(index="item_index" if by_item else "NULL")).fetchall()}
+    texts: dict[str, str] = {}
+    if transcript_paths:
+        duck.parquet_view(con, "transcripts", transcript_paths, union_by_name=True)
+        texts = dict(con.execute(TRANSCRIPTS_SQL).fetchall())
+    rows = []
+    for (post_id, _, items, video_path, caption, transcript), p, d in zip(found, pi, design):
+        items = items or [{"index": 0, "kind": "video", "path": video_path, "label": None, "transcript_id": None}]
+        shown = _shown_items(post_id, items, fps)
+        spoken = [(i.get("label"), texts[i["transcript_id"]]) for i in items if texts.get(i.get("transcript_id"))]
+        rows.append({"post_id": post_id, "video_path": next((i["path"] for i in items if i["kind"] == "video"), None),
+                     "media": json.dumps([i["path"] for i in items], ensure_ascii=False), "caption": caption or "",
+                     "transcript": "\n".join(f"{label}: {text}" if label else text for label, text in spoken)
+                     if spoken else transcript or "",
+                     "questions": labelstudio.QUESTIONS_SEPARATOR.join(ids), "pi": float(p), "seed": seed,
+                     "design": str(d), **shown})
+    return rows
+
+
+def _shown_items(post_id: str, items: list[dict], fps: dict) -> dict[str, list[dict]]:
+    """The post's videos and images as a task shows them: each under its label, with its place in the post
+    where it has several items, and a video with its frame rate (the item's, else the post's)."""
+    shown: dict[str, list[dict]] = {"videos": [], "images": []}
+    for item in items:
+        if item["kind"] not in ("video", "image"):
+            continue
+        label = item.get("label") or ("Video" if item["kind"] == "video" else "Photo")
+        if len(items) > 1:
+            label = f"{label} (item {int(item['index']) + 1} of {len(items)})"
+        entry = {"path": item["path"], "label": label}
+        if item["kind"] == "video":
+            entry["fps"] = fps.get((post_id, item["index"]), fps.get((post_id, None)))
+        shown[f"{item['kind']}s"].append(entry)
+    return shown
 
 
 def _write_csv(path: str | Path, columns, rows) -> None:

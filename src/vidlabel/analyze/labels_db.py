@@ -26,7 +26,7 @@ from vidlabel.core.io import write_text
 # Columns of labels.parquet that older merges did not write: without answer_probs the model's hard
 # answers are the predictions; the provenance columns only feed the provenance section.
 OPTIONAL_LABEL_COLUMNS = ("answer_probs", *PROVENANCE_COLUMNS, "request_fingerprint", "gpus", "transcript_status",
-                          "model_revision", "server_fingerprint", "job_id")
+                          "model_revision", "server_fingerprint", "job_id", "error_item")
 
 
 def register_table(con, name: str, table: pa.Table) -> None:

@@ -1,13 +1,17 @@
 """Label Studio: the labelling config and tasks for a human sample, and reading the coders' export back.
 
-The tasks carry the video (with its frame rate), caption and transcript, never the model's answer (a
-coder who sees it tends to agree with it). Each task's data also keeps ``post_id``, ``pi`` (the post's
-inclusion probability) and ``questions``, so that every export format carries what the estimate needs.
+The tasks carry every media item of the post, the caption and the transcripts, never the model's
+answer (a coder who sees it tends to agree with it): ``videos`` and ``images`` are lists of items
+(``url``, ``label``, and for a video ``fps``, its frame rate from the inventory), shown by Label
+Studio's Repeater tag one Video or Image per item under its label ("Photo 2 of 3", with the item's
+place in the post where it has several), and ``transcript`` holds each transcript under its item's
+label (a soundtrack's, a clip's speech). A one-video post is a ``videos`` list of one. Each task's data
+also keeps ``post_id``, ``pi`` (the post's inclusion probability) and ``questions``, so that every export
+format carries what the estimate needs.
 
-What a task shows (``video``, ``fps``, ``caption``, ``transcript``) is kept apart from what identifies
-it (``post_id``, ``pi``, ``seed``, ``design``, ``questions``): reading an export back needs only the
-latter and the question ids, so a post shown with several media items later (a list field beside
-``video``) leaves the export format as it is.
+What a task shows (``videos``, ``images``, ``caption``, ``transcript``) is kept apart from what
+identifies it (``post_id``, ``pi``, ``seed``, ``design``, ``questions``): reading an export back needs
+only the latter and the question ids.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import csv
 import json
 import math
 import os
+import re
 import urllib.parse
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -31,15 +36,18 @@ from vidlabel.prepare.prompt import ANSWER_CHOICES
 EXPORT_COLUMNS = ("post_id", "question", "label", "sampling_probability", "annotator", "adjudication")
 # The question ids, in task data and in the flat (CSV, JSON-MIN) exports.
 QUESTIONS_SEPARATOR = ";"
-# Name of the video object in the labelling config; every question's Choices point at it.
-VIDEO_TAG = "video"
-# Fields of a task's data; tasks() writes them. ``fps`` is the video's frame rate from the inventory,
+# The object every question's Choices point at: the caption's Text, which every task has (a post may
+# have no video, or no image).
+CHOICES_TARGET = "caption"
+# Fields of a task's data; tasks() writes them. Each of ``videos`` has its ``fps`` from the inventory,
 # the Video tag's frameRate (null when the probe found none: Label Studio then assumes 24).
-TASK_FIELDS = ("post_id", "video", "fps", "caption", "transcript", "questions", "pi", "seed", "design")
+TASK_FIELDS = ("post_id", "videos", "images", "caption", "transcript", "questions", "pi", "seed", "design")
 # Names a question id cannot take: Label Studio's CSV and JSON-MIN exports put the task's data fields,
-# one column per question and these annotation columns side by side, and tag names must be unique.
+# one column per question and these annotation columns side by side, and tag names must be unique
+# (the items' tags are video_0, video_1, ..., image_0, ...).
 RESERVED_NAMES = frozenset(TASK_FIELDS) | {"id", "annotator", "annotation_id", "created_at", "updated_at",
                                            "lead_time"}
+_ITEM_TAG = re.compile(r"^(video|image)_\d+$")
 
 
 class ExportError(ValueError):
@@ -50,20 +58,27 @@ class ExportError(ValueError):
 # Import files
 
 def labelling_config(questions: list[dict[str, Any]]) -> str:
-    """Label Studio labelling config (XML): the video at its own frame rate (the task's ``fps``: without
-    it Label Studio counts frames at 24 per second), caption and transcript, then one required
-    single-choice question per question id, headed by the question's text."""
+    """Label Studio labelling config (XML): every video of the post at its own frame rate (the item's
+    ``fps``: without it Label Studio counts frames at 24 per second) and every image, each under its
+    label, then the caption and the transcripts, then one required single-choice question per question
+    id, headed by the question's text."""
     clash = reserved_question_ids(q["id"] for q in questions)
     if clash:
         raise ValueError(f"question id(s) {clash} are names the Label Studio files use themselves; rename them")
     view = ET.Element("View")
-    ET.SubElement(view, "Video", name=VIDEO_TAG, value="$video", frameRate="$fps")
+    for kind, tag in (("videos", "Video"), ("images", "Image")):
+        repeater = ET.SubElement(view, "Repeater", on=f"${kind}", indexFlag="{{idx}}")
+        ET.SubElement(repeater, "Header", value=f"${kind}[{{{{idx}}}}].label", size="5")
+        attrs = {"name": f"{kind[:-1]}_{{{{idx}}}}", "value": f"${kind}[{{{{idx}}}}].url"}
+        if tag == "Video":
+            attrs["frameRate"] = f"${kind}[{{{{idx}}}}].fps"
+        ET.SubElement(repeater, tag, **attrs)
     for field, title in (("caption", "Caption"), ("transcript", "Transcript")):
         ET.SubElement(view, "Header", value=title, size="5")
         ET.SubElement(view, "Text", name=field, value=f"${field}")
     for q in questions:
         ET.SubElement(view, "Header", value=q["text"], size="4")
-        choices = ET.SubElement(view, "Choices", name=q["id"], toName=VIDEO_TAG, choice="single",
+        choices = ET.SubElement(view, "Choices", name=q["id"], toName=CHOICES_TARGET, choice="single",
                                 showInline="true", required="true")
         for choice in ANSWER_CHOICES[q.get("type", "yes/no")]:
             ET.SubElement(choices, "Choice", value=choice)
@@ -73,11 +88,12 @@ def labelling_config(questions: list[dict[str, Any]]) -> str:
 
 def reserved_question_ids(ids: Iterable[str]) -> list[str]:
     """The question ids that would clash with a tag, a task field or an export column."""
-    return sorted(set(ids) & RESERVED_NAMES)
+    return sorted(i for i in set(ids) if i in RESERVED_NAMES or _ITEM_TAG.match(i))
 
 
-def video_url(template: str, video_path: str, media_root: str) -> str:
-    """The URL Label Studio loads a video from: ``template`` with {relative_path} (to the folder that
+def media_url(template: str, video_path: str, media_root: str) -> str:
+    """The URL Label Studio loads an item's file (video or image) from: ``template``
+    (``label_sample.video_url``) with {relative_path} (to the folder that
     holds ``media_root``, so it starts with media_root's own name) and {path} (absolute), both
     URL-quoted. The default template, ``/data/local-files/?d={relative_path}``, is Label Studio's
     local-files URL with LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT set to that folder and a Local Files
@@ -89,14 +105,22 @@ def video_url(template: str, video_path: str, media_root: str) -> str:
 
 
 def tasks(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Label Studio tasks, one per sampled post; ``rows`` have post_id, video (URL), fps (None when
-    unknown), caption, transcript, questions (ids joined by QUESTIONS_SEPARATOR), pi, seed and design."""
+    """Label Studio tasks, one per sampled post; ``rows`` have post_id, videos (each url, label and fps,
+    None when unknown), images (each url and label), caption, transcript, questions (ids joined by
+    QUESTIONS_SEPARATOR), pi, seed and design."""
     return [{"data": {f: _task_value(f, row[f]) for f in TASK_FIELDS}} for row in rows]
 
 
+def _fps(value: Any) -> float | None:
+    """A frame rate, or null (Label Studio's default of 24), never text."""
+    return float(value) if value is not None and math.isfinite(value) and value > 0 else None
+
+
 def _task_value(field: str, value: Any) -> Any:
-    if field == "fps":  # a number or null (Label Studio's default), never text
-        return float(value) if value is not None and math.isfinite(value) and value > 0 else None
+    if field == "videos":
+        return [{"url": v["url"], "label": v.get("label") or "", "fps": _fps(v.get("fps"))} for v in value or []]
+    if field == "images":
+        return [{"url": i["url"], "label": i.get("label") or ""} for i in value or []]
     return "" if value is None else value
 
 

@@ -35,7 +35,8 @@ class StageKeys:
 
 
 _PLANNING = ("planning.model_family", "planning.fps", "planning.min_frames", "planning.max_frames",
-             "planning.min_pixels", "planning.max_pixels", "planning.tokenizer", "planning.over_limit",
+             "planning.min_pixels", "planning.max_pixels", "planning.image_min_pixels", "planning.image_max_pixels",
+             "planning.tokenizer", "planning.over_limit",
              "planning.max_duration_s", "planning.decode", "planning.transcode.enabled",
              "planning.transcode.media_dir", "planning.transcode.crf", "results")
 # What every model is asked, and under which limits the plan must fit (shared by all models).

@@ -2,29 +2,25 @@
 
 ``item_labels`` names every item so that a question can refer to it: "Photo 3 of 12", "Video 1 of 2"
 (counted per kind, in the post's order) and, for audio, "Soundtrack transcript" ("Audio 2 of 3
-transcript" where a post has several). ``message_content`` builds the user message's content list:
-per item its label as text, then the image as ``image_url`` or the video as ``video_url`` (both
-``file://`` URLs, percent-encoded as vLLM's media connector decodes them), a video's speech transcript
-after it, an audio item as its transcript alone (Qwen2.5-VL takes no audio); the rendered prompt
-(caption, questions) last. Transcripts sit in ``<transcript>`` blocks, neutralised like today's.
+transcript" where a post has several). ``message_content`` builds the user message's content list
+from the manifest's ``items`` (each a mapping with ``kind``, ``media_path`` and ``label``, in the
+post's order) and its ``prompt``: per image or video item its label as text, then the file as
+``image_url`` or ``video_url`` (both ``file://`` URLs of ``media_path``, percent-encoded as vLLM's
+media connector decodes them); the prompt (caption, the transcripts under their items' labels,
+questions) last. An audio item sends no part of its own (Qwen2.5-VL takes no audio: its transcript
+is in the prompt), and an item without a label (a manifest of one-video posts) is sent without one.
+Transcripts sit in ``<transcript>`` blocks, neutralised like today's (``transcript_block``).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from vidlabel.prepare.prompt import neutralise
 
 _NAMES = {"image": "Photo", "video": "Video", "audio": "Audio"}
-
-
-@dataclass(frozen=True)
-class PromptItem:
-    kind: str  # video | image | audio
-    path: str  # absolute path of the file the server reads (a converted one where planned)
-    transcript: str | None = None  # the item's speech or soundtrack, where transcribed
 
 
 def item_labels(kinds) -> list[str]:
@@ -43,22 +39,25 @@ def item_labels(kinds) -> list[str]:
     return labels
 
 
-def _block(text: str | None) -> str:
+def transcript_block(text: str | None) -> str:
+    """A transcript in its ``<transcript>`` block, neutralised so that its text cannot close it."""
     return f"<transcript>{neutralise(text) or '(no speech)'}</transcript>"
 
 
-def message_content(items: list[PromptItem], prompt: str) -> list[dict]:
+#: The content part each kind of item is sent as (an audio item sends none: its transcript is text).
+PARTS = {"image": "image_url", "video": "video_url"}
+
+
+def message_content(items: Iterable[Mapping], prompt: str) -> list[dict]:
     """The content list of the post's user message (module docstring)."""
     content: list[dict] = []
-    for item, label in zip(items, item_labels(i.kind for i in items)):
-        if item.kind == "audio":
-            content.append({"type": "text", "text": f"{label}: {_block(item.transcript)}"})
+    for item in items:
+        part = PARTS.get(item["kind"])
+        if part is None:
             continue
-        content.append({"type": "text", "text": f"{label}:"})
-        url = Path(item.path).as_uri()  # as_uri() percent-encodes; vLLM decodes with url2pathname
-        part = "image_url" if item.kind == "image" else "video_url"
-        content.append({"type": part, part: {"url": url}})
-        if item.kind == "video" and item.transcript:
-            content.append({"type": "text", "text": f"{label} speech transcript: {_block(item.transcript)}"})
+        if item.get("label"):
+            content.append({"type": "text", "text": f"{item['label']}:"})
+        # as_uri() percent-encodes spaces, quotes and non-ASCII; vLLM decodes with url2pathname.
+        content.append({"type": part, part: {"url": Path(item["media_path"]).as_uri()}})
     content.append({"type": "text", "text": prompt})
     return content

@@ -4,11 +4,13 @@ and the probable cause, and journal nothing terminal for the requests it hit.
 The client reports every HTTP attempt (``Breaker.attempt``); the job asks ``turn`` before it starts a
 request and hands every record to ``settle`` before journaling it. The rules:
 
-- **limits below the plan**: an encoder-cache or context refusal whose figure, read from vLLM's message,
-  is below the plan's (``classify.max_num_batched_tokens``, ``classify.max_model_len``) trips at once:
-  the server was started with other limits than the manifest was planned for (an external endpoint
-  with vLLM's default flags), and every request over its figure would fail the same way. A refusal at
-  or above the planned figure is the request's own (a post the estimate got wrong).
+- **limits below the plan**: an encoder-cache, context or items-per-prompt refusal whose figure, read
+  from vLLM's message, is below the plan's (``classify.max_num_batched_tokens`` raised to the data's
+  largest item, ``classify.max_model_len``, the most images or videos a post of the data sends) trips
+  at once: the server was started with other limits than the manifest was planned for (an external
+  endpoint with vLLM's default flags, a server command that allows no images), and every request over
+  its figure would fail the same way. A refusal at or above the planned figure is the request's own (a
+  post the estimate got wrong).
 - **first contact**: until the job's first answer, requests go one at a time: the next one starts
   once every request in flight has failed at least once. The same 5xx, or no answer within the
   deadline, on FIRST_CONTACT_RUN distinct requests then trips (a video decoder the server cannot
@@ -37,9 +39,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
+    from vidlabel.serve.items import MediaLimits
     from vidlabel.serve.settings import PlanSettings
 
 from vidlabel.serve import decode
+from vidlabel.serve.error_kinds import too_many_items
 
 # This many distinct requests in a row failing with the same error, no answer in between: the server's
 # failure, not theirs.
@@ -48,7 +52,7 @@ FAILURE_RUN = 12
 FIRST_CONTACT_RUN = 2
 MEDIA_KINDS = frozenset({"bad_media", "media_unreachable"})
 NOT_COUNTED = frozenset({"server_overloaded", "connection"})
-LIMIT_KINDS = frozenset({"too_long", "encoder_cache"})
+LIMIT_KINDS = frozenset({"too_long", "encoder_cache", "too_many_items"})
 
 # The figures in vLLM's refusals (error_kinds.py lists the wordings).
 _ENCODER_CACHE_SIZE = re.compile(r"encoder cache size \(?(\d[\d,]*)", re.IGNORECASE)
@@ -64,11 +68,18 @@ PACKAGES = {"cv2": "opencv-python-headless", "av": "av", "decord": "decord"}
 class PlannedLimits:
     """The server limits the manifest was planned for."""
     context: int  # classify.max_model_len
-    encoder_cache: int  # classify.max_num_batched_tokens (vLLM sizes its encoder cache from it)
+    encoder_cache: int  # --max-num-batched-tokens (vLLM sizes its encoder cache from it)
+    images: int = 0  # the most images / videos one post of the data sends (--limit-mm-per-prompt)
+    videos: int = 1
 
     @classmethod
-    def of(cls, plan: PlanSettings) -> "PlannedLimits":
-        return cls(context=int(plan.max_model_len), encoder_cache=int(plan.max_num_batched_tokens))
+    def of(cls, plan: PlanSettings, media: MediaLimits | None = None) -> "PlannedLimits":
+        cache = max(int(plan.max_num_batched_tokens), media.largest_item_tokens if media else 0)
+        return cls(context=int(plan.max_model_len), encoder_cache=cache,
+                   images=media.image if media else 0, videos=media.video if media else 1)
+
+    def items(self, modality: str) -> int:
+        return {"image": self.images, "video": self.videos}.get(modality, 0)
 
 
 @dataclass(frozen=True)
@@ -95,6 +106,11 @@ def server_limit(kind: str, message: str | None) -> int | None:
 
 def below_plan(kind: str, message: str | None, plan: PlannedLimits) -> str | None:
     """The job's error when a refusal shows a server limit below the plan's, else None."""
+    if kind == "too_many_items":
+        found = too_many_items(message)
+        if found is None or found[1] >= plan.items(found[0]):
+            return None
+        return items_below_plan(found[0], found[1], plan.items(found[0]), message)
     figure = server_limit(kind, message)
     if kind == "encoder_cache" and figure is not None and figure < plan.encoder_cache:
         return (f"the server's encoder cache holds {figure} tokens, below the {plan.encoder_cache} the plan assumes "
@@ -111,6 +127,14 @@ def below_plan(kind: str, message: str | None, plan: PlannedLimits) -> str | Non
                 f"`classify.max_model_len: {figure}` (the manifest then re-plans or excludes what does not fit); "
                 "then rerun.")
     return None
+
+
+def items_below_plan(modality: str, allowed: int, needed: int, message: str | None) -> str:
+    """The job's error for a server that accepts fewer images or videos per prompt than a post sends."""
+    return (f"the server accepts at most {allowed} {modality}(s) per prompt, below the {needed} a post of the data "
+            f"sends: {message} Those refusals describe the server, not the posts. Restart it with "
+            f"`--limit-mm-per-prompt` allowing {needed} {modality}(s) (for the job's own server, keep the "
+            "{limit_mm_per_prompt} field of classify.server_command; docs/serving.md), then rerun.")
 
 
 def probable_media_cause(message: str | None) -> str:

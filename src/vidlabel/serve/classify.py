@@ -49,8 +49,9 @@ from vidlabel.serve.client import ClassifyClient, ClientSettings, Stopped, run
 from vidlabel.serve.command import server_copies
 from vidlabel.serve.endpoints import DOWN, NoLiveEndpoint, external_endpoints
 from vidlabel.serve.error_kinds import FatalClientError
+from vidlabel.serve.items import identities, job_limits, post_items, sent_items
 from vidlabel.serve.parallelism import choose_layout
-from vidlabel.serve.probe import CalibrationMediaError
+from vidlabel.serve.probe import CalibrationBelowPlan, CalibrationMediaError
 from vidlabel.serve.progress import Progress
 from vidlabel.serve.provenance import JobIdentity, Provenance
 from vidlabel.serve.record import labels_table
@@ -62,7 +63,9 @@ log = logging.getLogger(__name__)
 
 RERUN_ATTEMPT_FACTOR = 2
 
-MANIFEST_COLUMNS = ["request_id", "post_id", "media_path", "prompt", "est_prompt_tokens"]
+MANIFEST_COLUMNS = ["request_id", "post_id", "prompt", "est_prompt_tokens"]
+# What the request sends: the post's items (vidlabel.serve.items), or a one-video manifest's media_path.
+MEDIA_COLUMNS = ["items", "media_path"]
 # Columns an older manifest may lack: what the row's answer also depends on (vidlabel.core.identity).
 OPTIONAL_MANIFEST_COLUMNS = ["plan", "transcript_id", "transcript_status"]
 
@@ -103,14 +106,17 @@ def read_shard(path: str | Path) -> list[dict[str, Any]]:
     """Manifest rows (one per request; a repeated request_id is kept once)."""
     table = pq.read_table(path)
     missing = [c for c in MANIFEST_COLUMNS if c not in table.column_names]
-    if missing:
-        raise ClassifyError(f"manifest shard {path} lacks columns {missing} (see docs/outputs.md)")
-    columns = MANIFEST_COLUMNS + [c for c in OPTIONAL_MANIFEST_COLUMNS if c in table.column_names]
+    media = next((c for c in MEDIA_COLUMNS if c in table.column_names), None)
+    if missing or media is None:
+        raise ClassifyError(f"manifest shard {path} lacks columns {missing + ([] if media else ['items'])} "
+                            "(see docs/outputs.md)")
+    columns = MANIFEST_COLUMNS + [media] + [c for c in OPTIONAL_MANIFEST_COLUMNS if c in table.column_names]
     rows, seen = [], set()
     for row in table.select(columns).to_pylist():
         if row["request_id"] in seen:
             continue
         seen.add(row["request_id"])
+        row["items"] = post_items(row)
         rows.append(row)
     return rows
 
@@ -123,17 +129,25 @@ def run_shard(config: dict, shard_path: str | Path, output_path: str | Path, jou
 
 
 def classify_shard(settings: ServeSettings, shard_path: str | Path, output_path: str | Path,
-                   journal_path: str | Path, server_log_path: str | Path, shard: int) -> None:
-    """``run_shard`` under settings already resolved."""
+                   journal_path: str | Path, server_log_path: str | Path, shard: int,
+                   manifest_dir: str | Path | None = None) -> None:
+    """``run_shard`` under settings already resolved. The server is sized for the data set whose manifest
+    is in ``manifest_dir`` (default: the shard's folder; vidlabel.serve.items.job_limits)."""
     for noisy in ("httpx", "httpx2"):  # one INFO line per HTTP request would drown the progress lines
         if logging.getLogger(noisy).level == logging.NOTSET:
             logging.getLogger(noisy).setLevel(logging.WARNING)
     rows = read_shard(shard_path)
+    try:
+        limits = job_limits(rows, Path(manifest_dir) if manifest_dir is not None else Path(shard_path).parent)
+    except ValueError as exc:
+        raise ClassifyError(f"shard {shard}: {exc}") from None
+    settings = settings.with_media_limits(limits)
     job = JobIdentity.resolve(settings)
     provenance = Provenance.of(settings, job, shard)
-    media = identity.media_items([r["media_path"] for r in rows], settings.media_identity)
+    media = identity.media_items([i["media_path"] for r in rows for i in sent_items(r["items"])],
+                                 settings.media_identity)
     for row in rows:
-        row["fingerprint"] = job.fingerprint(row, media[row["media_path"]])
+        row["fingerprint"] = job.fingerprint(row, identities(row["items"], media))
     try:
         journal = Journal(journal_path, key="request_id", fsync=settings.journal_fsync).__enter__()
     except JournalLocked as exc:
@@ -195,7 +209,7 @@ async def _classify(settings: ServeSettings, provenance: Provenance, rows: list[
         stop_sending.set()
         abort.set()
 
-    breaker = Breaker(PlannedLimits.of(settings.plan), on_trip)
+    breaker = Breaker(PlannedLimits.of(settings.plan, settings.server.media_limits), on_trip)
     installed = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(RuntimeError, ValueError, NotImplementedError):
@@ -253,6 +267,8 @@ async def _classify(settings: ServeSettings, provenance: Provenance, rows: list[
             raise MediaUnreachable(f"shard {shard}: {exc} — probable cause: "
                                    f"{probable_media_cause(exc.message)}. Nothing was sent; fix it "
                                    "and rerun.") from None
+        except CalibrationBelowPlan as exc:
+            raise ServerBelowPlan(f"shard {shard}: {exc} Nothing was sent.") from None
         log.info(progress.line())
     finally:
         if watchdog is not None:

@@ -22,6 +22,13 @@ is terminal, since no rerun could ever finish it. "No such file" for a file miss
 for again after the MEDIA_RECHECK_S pauses (an NFS or autofs hiccup): one that is back is sent again,
 free. Every attempt is reported to the job's breaker (``vidlabel.serve.breaker``).
 
+A request is the post's items in order, each introduced by its label, then the prompt
+(``vidlabel.prepare.post_prompt.message_content`` of the row's items, ``vidlabel.serve.items``): images
+as ``image_url``, videos as ``video_url``. The media checks are per item: the file an error names is
+that item's (the record's ``error_item``); a server that cannot see files that are all here is the
+server's fault (``media_unreachable``), one of the post's files missing here too is the post's own
+``bad_media``.
+
 HTTP goes through aiohttp's public client: measured at ~0.4 ms of client CPU per request, against
 ~2 ms for openai's public ``client.post`` and ~3.6 ms for httpx (benchmarks/client_overhead.py needs
 1,000 req/s on two cores).
@@ -35,11 +42,11 @@ import os
 import secrets
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Coroutine, TypeVar
 
 import aiohttp
 
+from vidlabel.prepare.post_prompt import message_content
 from vidlabel.prepare.prompt import parse_answers
 from vidlabel.serve.concurrency import adapt
 from vidlabel.serve.confidence import answer_probabilities
@@ -52,6 +59,7 @@ from vidlabel.serve.error_kinds import (
     retry_after_s,
     server_cannot_see_media,
 )
+from vidlabel.serve.items import named_item, post_items, sent_items
 from vidlabel.serve.limit import InFlightLimit, backoff_s
 from vidlabel.serve.probe import Calibration
 from vidlabel.serve.record import new_result
@@ -70,6 +78,8 @@ KEEPALIVE_S = 4.0
 # Pauses before looking again for a file that the server and this job both found missing: an NFS or
 # autofs mount can take seconds to come back.
 MEDIA_RECHECK_S = (1.0, 3.0)
+# Error kinds that are about one item of the post, when the server's message tells which.
+ITEM_KINDS = frozenset({"bad_media", "media_unreachable", "encoder_cache"})
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 
@@ -91,6 +101,7 @@ class _Outcome:
     charged: bool = True  # the request's own failure (not the server's: see the module docstring)
     endpoint: Endpoint | None = None
     resend: bool = False  # its media file was missing here too for a moment and is back: send again, free
+    item: int | None = None  # the index of the item the error is about (items.named_item)
 
 
 class ClassifyClient:
@@ -165,11 +176,7 @@ class ClassifyClient:
 
     # ---- one attempt ---------------------------------------------------------------------------
     def _body(self, row: dict, max_tokens: int) -> bytes:
-        # as_uri() percent-encodes spaces, quotes and non-ASCII; vLLM decodes with url2pathname.
-        messages = [{"role": "user", "content": [
-            {"type": "video_url", "video_url": {"url": Path(row["media_path"]).as_uri()}},
-            {"type": "text", "text": row["prompt"]},
-        ]}]
+        messages = [{"role": "user", "content": message_content(post_items(row), row["prompt"])}]
         return f'{self._body_head},"max_tokens":{int(max_tokens)},"messages":{_dumps(messages)}}}'.encode()
 
     def _readable_here(self, path: str) -> bool:
@@ -178,13 +185,25 @@ class ClassifyClient:
         inside = root is None or os.path.commonpath([root, os.path.realpath(path)]) == root
         return inside and os.path.isfile(path)
 
-    async def _back_after_pauses(self, path: str) -> bool:
-        """The file is there again after one of the MEDIA_RECHECK_S pauses."""
+    async def _back_after_pauses(self, paths: list[str]) -> bool:
+        """The files are all there again after one of the MEDIA_RECHECK_S pauses."""
         for pause in MEDIA_RECHECK_S:
             await self._sleep_or_stop(pause)
-            if self._readable_here(path):
+            if all(self._readable_here(p) for p in paths):
                 return True
         return False
+
+    async def _media_check(self, items: list[dict], item: dict | None) -> tuple[str, bool, bool, dict | None]:
+        """(kind, transient, resend, item) of a server that says it cannot see (some of) the post's files."""
+        suspects = [item] if item is not None else sent_items(items)
+        missing = [i for i in suspects if not self._readable_here(i["media_path"])]
+        if not missing:
+            # The files are here, the server does not see them: the server's mount or its
+            # --allowed-local-media-path, never the post's fault (the breaker stops the job).
+            return "media_unreachable", True, False, item
+        if await self._back_after_pauses([i["media_path"] for i in missing]):
+            return "bad_media", True, True, item  # missing here too, for a moment: a mount's hiccup
+        return "bad_media", False, False, missing[0]  # the post's own: its file is gone
 
     async def _attempt(self, row: dict, max_tokens: int, tokens: int, send: int) -> _Outcome:
         n = await self.limit.send()
@@ -217,19 +236,17 @@ class ClassifyClient:
             fatal = fatal_error(ep.base_url, status, message)
             if fatal is not None:
                 raise fatal
-            kind, transient = classify_error(status, message, row["media_path"])
+            items = post_items(row)
+            kind, transient = classify_error(status, message, [i["media_path"] for i in sent_items(items)])
             resend = False
+            item = named_item(message, items) if kind in ITEM_KINDS else None
             if kind == "bad_media" and server_cannot_see_media(message):
-                if self._readable_here(row["media_path"]):
-                    # The file is here, the server does not see it: the server's mount or its
-                    # --allowed-local-media-path, never the video's fault (the breaker stops the job).
-                    kind, transient = "media_unreachable", True
-                elif await self._back_after_pauses(row["media_path"]):
-                    transient = resend = True  # missing here too, for a moment: a mount's hiccup
+                kind, transient, resend, item = await self._media_check(items, item)
             overload = kind == "server_overloaded" and self.limit.refused(n)
             return _Outcome(kind=kind, transient=transient, http_status=status, message=message,
                             retry_after=retry_after_s(resp.headers), overload=overload,
-                            charged=kind != "media_unreachable" and not resend, endpoint=ep, resend=resend)
+                            charged=kind != "media_unreachable" and not resend, endpoint=ep, resend=resend,
+                            item=None if item is None else item.get("index"))
         self.limit.answered(n)
         self.answered += 1
         self.deadlines.answered(time.monotonic() - t0, tokens)
@@ -281,9 +298,9 @@ class ClassifyClient:
                     return rec
                 max_tokens = s.max_tokens * TRUNCATION_TOKEN_FACTOR  # a free retry with more room
                 continue
-            rec.update(error_kind=outcome.kind, error=outcome.message, http_status=outcome.http_status,
-                       raw_text=None, answers=None, answer_probs=None, answer_probs_missing=None,
-                       finish_reason=None)
+            rec.update(error_kind=outcome.kind, error=outcome.message, error_item=outcome.item,
+                       http_status=outcome.http_status, raw_text=None, answers=None, answer_probs=None,
+                       answer_probs_missing=None, finish_reason=None)
             if not outcome.transient:
                 rec["attempts"] = charged + 1
                 return rec
@@ -345,7 +362,7 @@ def fill_from_answer(rec: dict, completion: dict, questions: list[dict[str, Any]
     choice = completion["choices"][0]
     text = (choice.get("message") or {}).get("content") or ""
     usage = completion.get("usage") or {}
-    rec.update(http_status=200, finish_reason=choice.get("finish_reason"), raw_text=text,
+    rec.update(http_status=200, error_item=None, finish_reason=choice.get("finish_reason"), raw_text=text,
                prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens"))
     if rec["finish_reason"] == "length":
         rec.update(status="error", error_kind="truncated", answers=None,

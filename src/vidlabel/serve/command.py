@@ -2,12 +2,20 @@
 data-parallel server), their CPUs and environment, and their argv from ``classify.server_command``.
 
 ``placeholder_command`` is the command with the fields each job chooses for the GPUs and CPUs it was
-granted (``PER_JOB_FIELDS``) left as placeholders: what an answer depends on (vidlabel.core.identity),
-so that a shard resumed on another node reuses its answers.
+granted and for the data it sends (``PER_JOB_FIELDS``) left as placeholders: what an answer depends on
+(vidlabel.core.identity), so that a shard resumed on another node, or after posts with more photos
+joined the data, reuses its answers.
+
+The fields for the data (``vidlabel.serve.items.MediaLimits``, docs/serving.md): ``limit_mm_per_prompt``
+(the most images and videos a post sends) and ``max_num_batched_tokens`` (at least the largest item:
+vLLM sizes its encoder cache from it). ``mm_processor_kwargs`` carries the pixel bounds of video frames
+(``planning.min_pixels``/``max_pixels``) and of images (``planning.image_min_pixels``/``image_max_pixels``)
+in the form ``PIXEL_BOUNDS_FORM`` (``mm_processor_kwargs``); they decide answers, so they stay in it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import socket
@@ -16,7 +24,7 @@ from pathlib import Path
 
 from vidlabel.serve import decode, quantization
 from vidlabel.serve.parallelism import Layout, choose_layout, granted_gpus
-from vidlabel.serve.settings import ServeSettings, ServerSettings
+from vidlabel.serve.settings import ServerSettings, ServeSettings
 
 
 class CommandError(ValueError):
@@ -135,10 +143,53 @@ def single_copy(settings: ServeSettings, log_path: str | Path, environ=os.enviro
                          log_path, environ)[0]
 
 
-# Fields of the server command that each job chooses for the GPUs and CPUs it was granted. They do
-# not decide an answer, so the command a record is tied to (``placeholder_command``) leaves them out:
-# a resumed shard on another node reuses its answers.
-PER_JOB_FIELDS = ("port", "tensor_parallel_size", "data_parallel_size", "api_server_count", "max_num_seqs")
+# Fields of the server command that each job chooses for the GPUs and CPUs it was granted, and for the
+# items its posts send. They do not decide an answer (the server accepts more, or batches otherwise; the
+# planned limits are in the plan's identity), so the command a record is tied to (``placeholder_command``)
+# leaves them out: a resumed shard on another node, or one whose data set grew a larger post, reuses
+# its answers.
+PER_JOB_FIELDS = ("port", "tensor_parallel_size", "data_parallel_size", "api_server_count", "max_num_seqs",
+                  "limit_mm_per_prompt", "max_num_batched_tokens")
+
+# How --mm-processor-kwargs carries the pixel bounds (docs/serving.md, "Photos and video frames"):
+# - "split": {"images_kwargs": {"min_pixels", "max_pixels"}, "videos_kwargs": {...}}: transformers'
+#   ProcessorMixin._merge_kwargs hands each dict to its own processor at every request (5.x: a deep
+#   copy per call, so every request gets them), and the Qwen2-VL image and video processors map
+#   min/max_pixels onto their resize bounds. vLLM 0.26 passes the dicts through untouched
+#   (multimodal/processing/context.py: call_hf_processor, allow_var_kwargs=True); its profiler
+#   (models/qwen2_vl.py: get_image_size_with_most_features) reads only flat keys and the image
+#   processor's own size, i.e. the checkpoint's preprocessor_config.json, for its image and video alike.
+# - "split-size": the same with transformers 5's non-deprecated {"size": {"shortest_edge", "longest_edge"}}
+#   (5.23 warns that call-time min/max_pixels go away).
+# - "flat": {"min_pixels", "max_pixels"} of the video frames, which transformers applies to every
+#   modality (images are then bounded like frames: the calibration image shows it, and a job with
+#   photos stops).
+# The GPU check (benchmarks/gpu_images.py) tells which one the server honours; flip it here.
+PIXEL_BOUNDS_FORM = "split"
+PIXEL_BOUNDS_FORMS = ("split", "split-size", "flat")
+
+
+def mm_processor_kwargs(server: ServerSettings, form: str | None = None) -> str:
+    """``--mm-processor-kwargs``' JSON for the plan's pixel bounds in ``form`` (default PIXEL_BOUNDS_FORM)."""
+    form = form or PIXEL_BOUNDS_FORM
+    video, image = (server.min_pixels, server.max_pixels), (server.image_min_pixels, server.image_max_pixels)
+    if form == "flat":
+        kwargs: dict = {"min_pixels": video[0], "max_pixels": video[1]}
+    elif form == "split":
+        kwargs = {"images_kwargs": {"min_pixels": image[0], "max_pixels": image[1]},
+                  "videos_kwargs": {"min_pixels": video[0], "max_pixels": video[1]}}
+    elif form == "split-size":
+        kwargs = {"images_kwargs": {"size": {"shortest_edge": image[0], "longest_edge": image[1]}},
+                  "videos_kwargs": {"size": {"shortest_edge": video[0], "longest_edge": video[1]}}}
+    else:
+        raise ValueError(f"pixel bounds form {form!r} is not one of {PIXEL_BOUNDS_FORMS}")
+    return json.dumps(kwargs, separators=(",", ":"))
+
+
+def batched_tokens(server: ServerSettings) -> int:
+    """``--max-num-batched-tokens``: ``classify.max_num_batched_tokens``, raised to the data's largest item
+    so that vLLM's encoder cache holds it (vLLM: max of this and its profiler's largest item)."""
+    return max(int(server.max_num_batched_tokens), int(server.media_limits.largest_item_tokens))
 
 
 def build_command(server: ServerSettings, port: int, copy: ServerCopy) -> list[str]:
@@ -146,7 +197,9 @@ def build_command(server: ServerSettings, port: int, copy: ServerCopy) -> list[s
     by ``classify.server_args``."""
     return _fill_command(server, {"port": port, "tensor_parallel_size": copy.tensor,
                                   "data_parallel_size": copy.data, "api_server_count": copy.api_servers,
-                                  "max_num_seqs": server.max_num_seqs})
+                                  "max_num_seqs": server.max_num_seqs,
+                                  "limit_mm_per_prompt": server.media_limits.flag,
+                                  "max_num_batched_tokens": batched_tokens(server)})
 
 
 def placeholder_command(server: ServerSettings) -> list[str]:
@@ -156,10 +209,10 @@ def placeholder_command(server: ServerSettings) -> list[str]:
 
 def _fill_command(server: ServerSettings, per_job: dict) -> list[str]:
     fields = {
-        "model": server.model, "media_root": server.allowed_media_path,
-        "max_model_len": server.max_model_len, "max_num_batched_tokens": server.max_num_batched_tokens,
-        "min_pixels": server.min_pixels, "max_pixels": server.max_pixels, "fps": server.fps,
-        "generation_config": server.generation_config, **per_job,
+        "model": server.model, "media_root": server.allowed_media_path, "max_model_len": server.max_model_len,
+        "min_pixels": server.min_pixels, "max_pixels": server.max_pixels, "image_min_pixels": server.image_min_pixels,
+        "image_max_pixels": server.image_max_pixels, "mm_processor_kwargs": mm_processor_kwargs(server),
+        "fps": server.fps, "generation_config": server.generation_config, **per_job,
     }
     quoted = {k: shlex.quote(str(v)) for k, v in fields.items()}
     try:

@@ -24,15 +24,19 @@ The wordings, as vLLM 0.26 writes them (``renderers/params.py``, ``v1/engine/inp
   the model (context length M).";
 - encoder cache: "... video item with N embedding tokens, which exceeds the pre-allocated encoder cache
   size M. ..."
+- items per prompt (``multimodal/processing/context.py``): "At most N image(s) may be provided in one
+  prompt." (a post with more images or videos than the server's ``--limit-mm-per-prompt``).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 
 # Kinds that will not change on a retry: recorded once, terminal.
-PERMANENT_KINDS = frozenset({"too_long", "encoder_cache", "bad_media", "invalid_output", "truncated"})
+PERMANENT_KINDS = frozenset({"too_long", "encoder_cache", "too_many_items", "bad_media", "invalid_output",
+                             "truncated"})
 # Kinds that may succeed later: retried here, and by a later run once this run's attempts are spent.
 # ``media_unreachable``: the server cannot see a file that exists where the job runs (another mount,
 # another --allowed-local-media-path); never terminal, and a run of them stops the job.
@@ -53,6 +57,7 @@ _TOO_LONG = re.compile(r"maximum context length|exceeds model's maximum context|
                        re.IGNORECASE)
 _ID_RUNNING = re.compile(r"request id \S+ already running", re.IGNORECASE)
 _ENCODER_CACHE = re.compile(r"encoder cache", re.IGNORECASE)
+_TOO_MANY_ITEMS = re.compile(r"at most (\d+) (image|video|audio)\(s\) may be provided", re.IGNORECASE)
 # The server looked for the file and did not find it, or may not read where it is.
 _CANNOT_SEE = re.compile(r"no such file or directory|errno 2\b|must be a subpath of", re.IGNORECASE)
 
@@ -73,19 +78,33 @@ _OVERLOADED = frozenset({429, 503})
 _TIMED_OUT = frozenset({408, 504})
 
 
-def names_other_file(message: str, media_path: str | None) -> bool:
-    """True when ``message`` names a file path and none of the paths it names is ``media_path``."""
-    if not media_path:
+def named_paths(message: str) -> list[str]:
+    """The file paths an error message names (quoted, or after "file", "path" or "open")."""
+    return [(a or b).rstrip(".,;:)") for a, b in _NAMED_PATH.findall(message or "")]
+
+
+def names_other_file(message: str, media_paths: str | Sequence[str] | None) -> bool:
+    """True when ``message`` names a file path and none of the paths it names is one of ``media_paths``
+    (the files the request sent)."""
+    paths = [media_paths] if isinstance(media_paths, str) else list(media_paths or ())
+    if not paths:
         return False
-    named = [a or b for a, b in _NAMED_PATH.findall(message)]
-    named = [p.rstrip(".,;:)") for p in named]
-    return bool(named) and not any(p == media_path or p.endswith(media_path) or media_path.endswith(p)
-                                   for p in named)
+    if any(p in message for p in paths):  # verbatim: a path with spaces is cut short by the pattern
+        return False
+    named = named_paths(message)
+    return bool(named) and not any(n == p or n.endswith(p) or p.endswith(n) for n in named for p in paths)
 
 
-def classify_error(http_status: int | None, message: str, media_path: str | None = None) -> tuple[str, bool]:
-    """(error_kind, transient) from the HTTP status and the error message together; ``media_path`` is
-    the file the request sent (a message naming another file is not about this request's media)."""
+def too_many_items(message: str | None) -> tuple[str, int] | None:
+    """(modality, the server's limit) of a refusal for more items of a kind than it accepts, else None."""
+    m = _TOO_MANY_ITEMS.search(message or "")
+    return (m.group(2).lower(), int(m.group(1))) if m else None
+
+
+def classify_error(http_status: int | None, message: str,
+                   media_paths: str | Sequence[str] | None = None) -> tuple[str, bool]:
+    """(error_kind, transient) from the HTTP status and the error message together; ``media_paths`` are
+    the files the request sent (a message naming another file is not about this request's media)."""
     msg = message or ""
     if http_status in _OVERLOADED:
         return "server_overloaded", True
@@ -95,9 +114,11 @@ def classify_error(http_status: int | None, message: str, media_path: str | None
         return "server_error", True
     if _ENCODER_CACHE.search(msg):
         return "encoder_cache", False
+    if _TOO_MANY_ITEMS.search(msg) and (http_status is None or http_status < 500):
+        return "too_many_items", False
     if _TOO_LONG.search(msg) and (http_status is None or http_status < 500):
         return "too_long", False
-    if _BAD_MEDIA.search(msg) and not names_other_file(msg, media_path):
+    if _BAD_MEDIA.search(msg) and not names_other_file(msg, media_paths):
         return "bad_media", False
     if http_status is None:
         return "connection", True

@@ -386,7 +386,9 @@ def run(config: dict, shard_paths, json_path, md_path, workdir,
     if not pilot_path.exists() or not pq.read_table(pilot_path).equals(pilot):
         write_parquet(pilot, pilot_path)  # another draw: other pilot size, manifest or seed
     job_started = time.time()
-    classify.classify_shard(settings, pilot_path, labels_path, journal_path, server_log_path, 0)
+    # The pilot's server sized for the whole data set, as the shard jobs' (the manifest's media limits).
+    classify.classify_shard(settings, pilot_path, labels_path, journal_path, server_log_path, 0,
+                            manifest_dir=Path(shard_paths[0]).parent)
     labels = pq.read_table(labels_path).to_pylist()
     fresh = [r for r in labels if (r.get("started_at") or 0) >= job_started - 1]
     measured = fresh if sum(r["status"] == "ok" for r in fresh) >= 3 else labels

@@ -270,7 +270,7 @@ def choose_layout(settings: ServeSettings, largest_request_tokens: int, environ=
           else f"KV {footprint.kv_bytes_per_token / 1024:.0f} KiB/token")
     weights = f"weights {footprint.weight_bytes / GIB:.1f} GiB, {kv} ({footprint.source})"
     # GPU decoding takes memory per API server from every GPU of a copy (at most 8 API servers:
-    # vidlabel.serve.server.MAX_API_SERVERS, unless classify.api_server_count says otherwise).
+    # vidlabel.serve.command.MAX_API_SERVERS, unless classify.api_server_count says otherwise).
     reserve = decode.gpu_reserve_gib(settings.server.decode_backend, settings.server.api_server_count or 8)
     if reserve:
         weights += f"; GPU decoding {reserve:.1f} GiB per GPU"

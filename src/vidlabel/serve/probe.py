@@ -11,14 +11,20 @@ From vLLM 0.26's HTTP API:
 - ``GET /server_info?config_format=json`` (only where the server runs with VLLM_SERVER_DEV_MODE=1): the
   engine's whole config, of which the answer-relevant keys are kept (``SERVER_INFO_KEYS``: quantization,
   dtype, load format, media and processor kwargs, ...);
-- three calibration requests (``Calibration``): a text-only one and two small generated videos with the
+- calibration requests (``Calibration``): a text-only one and two small generated videos with the
   same text; the difference of their ``usage.prompt_tokens`` is the visual tokens the server makes of
   each video, which follows its effective fps (a long video of tiny frames) and pixel bounds (a short
   video of frames larger than the plan's max_pixels, and the tiny frames below its min_pixels). They
   are compared with what the plan expects (a mismatch is logged loudly and named in the server's label:
   the server samples videos otherwise than the manifest planned), and they prove that the server
   decodes media from the job's media directory (a media error stops the job before its traffic:
-  CalibrationMediaError).
+  CalibrationMediaError). A job whose posts send images also sends two generated images (one larger
+  than the plan's image_max_pixels, one below its image_min_pixels): a server that resizes images
+  otherwise than the plan (the flat --mm-processor-kwargs bounding photos like video frames), or
+  refuses images, stops the job before its traffic (CalibrationBelowPlan: every image estimate would be
+  wrong). The images check the server against the plan's image bounds, which the request fingerprint
+  holds already; they stay out of the server fingerprint, so that data that come to hold photos do not
+  make every video's answer another server's.
 
 Everything kept goes into the endpoint's ``ServerIdentity``, whose fingerprint every record carries
 (vidlabel.core.identity.server_fingerprint): a record made by a server with another fingerprint is
@@ -69,16 +75,22 @@ class CalibrationMediaError(RuntimeError):
         self.message = message
 
 
+class CalibrationBelowPlan(RuntimeError):
+    """A calibration image shows a server that resizes or limits images otherwise than the plan."""
+
+
 @dataclass(frozen=True)
-class CalibrationVideo:
+class CalibrationItem:
     path: str
     expected_tokens: int  # visual tokens the plan expects, start/end markers included
     what: str  # what it reveals, in words
+    kind: str = "video"  # video | image
 
 
 @dataclass(frozen=True)
 class Calibration:
-    videos: tuple[CalibrationVideo, ...]
+    videos: tuple[CalibrationItem, ...]
+    images: tuple[CalibrationItem, ...] = ()  # sent where the job's posts send images
 
 
 @dataclass(frozen=True)
@@ -152,11 +164,12 @@ def server_info_keys(node: Any, path: str = "") -> dict[str, Any]:
 
 
 async def _prompt_tokens(session: aiohttp.ClientSession, chat_url, headers: dict, model: str,
-                         video: str | None) -> tuple[int | None, int, str]:
+                         item: CalibrationItem | None) -> tuple[int | None, int, str]:
     """(usage.prompt_tokens, HTTP status, error message) of one calibration request."""
     content: list[dict] = [{"type": "text", "text": CALIBRATION_TEXT}]
-    if video is not None:
-        content.insert(0, {"type": "video_url", "video_url": {"url": Path(video).as_uri()}})
+    if item is not None:
+        part = f"{item.kind}_url"
+        content.insert(0, {"type": part, part: {"url": Path(item.path).as_uri()}})
     body = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 1, "temperature": 0}
     try:
         async with session.post(chat_url, json=body, timeout=aiohttp.ClientTimeout(total=CALIBRATION_TIMEOUT_S),
@@ -176,29 +189,49 @@ async def _prompt_tokens(session: aiohttp.ClientSession, chat_url, headers: dict
 async def calibrate(session: aiohttp.ClientSession, ep, model: str, calibration: Calibration,
                     ) -> tuple[dict, tuple[str, ...]]:
     """(visual tokens per calibration video, the videos counted otherwise than the plan). Raises
-    CalibrationMediaError when the server cannot read or decode them."""
+    CalibrationMediaError when the server cannot read or decode them, CalibrationBelowPlan when it
+    resizes or refuses the calibration images (module docstring)."""
     text_only, _, _ = await _prompt_tokens(session, ep.chat_url, ep.headers, model, None)
     measured: dict[str, int | None] = {}
     unlike = []
-    for video in calibration.videos:
-        tokens, status, message = await _prompt_tokens(session, ep.chat_url, ep.headers, model, video.path)
+    for item in (*calibration.videos, *calibration.images):
+        tokens, status, message = await _prompt_tokens(session, ep.chat_url, ep.headers, model, item)
         if tokens is None:
-            if classify_error(status, message, video.path)[0] in MEDIA_ERROR_KINDS:
-                raise CalibrationMediaError(ep.base_url, video.path, status, message)
-            log.warning("%s: calibration video %s not measured (HTTP %s: %s); the server's %s is not checked",
-                        ep.base_url, Path(video.path).name, status, message[:200], video.what)
-            measured[video.what] = None
+            kind = classify_error(status, message, item.path)[0]
+            if kind in MEDIA_ERROR_KINDS:
+                raise CalibrationMediaError(ep.base_url, item.path, status, message)
+            if item.kind == "image" and kind == "too_many_items":
+                raise CalibrationBelowPlan(f"{ep.base_url} refused the calibration image {item.path} (HTTP {status}: "
+                                           f"{message}): it takes no images, and the job's posts send them. Restart "
+                                           "it with `--limit-mm-per-prompt` allowing the data's images (for the "
+                                           "job's own server, the {limit_mm_per_prompt} field of "
+                                           "classify.server_command; docs/serving.md), then rerun.")
+            log.warning("%s: calibration %s %s not measured (HTTP %s: %s); the server's %s is not checked",
+                        ep.base_url, item.kind, Path(item.path).name, status, message[:200], item.what)
+            if item.kind == "video":
+                measured[item.what] = None
             continue
         visual = tokens - text_only if text_only is not None else None
-        measured[video.what] = visual
-        if visual is not None and visual != video.expected_tokens:
-            unlike.append(video.what)
+        if item.kind == "image":
+            if visual is not None and visual != item.expected_tokens:
+                raise CalibrationBelowPlan(
+                    f"{ep.base_url} resizes images otherwise than the plan: the calibration image for its {item.what} "
+                    f"({Path(item.path).name}) took {visual} visual tokens where the plan expects "
+                    f"{item.expected_tokens} (planning.image_min_pixels / image_max_pixels), so every image "
+                    "estimate of the manifest would be wrong. A server started with one flat min_pixels/max_pixels "
+                    "pair in --mm-processor-kwargs bounds photos like video frames: give images their own bounds "
+                    "(the {mm_processor_kwargs} field of classify.server_command; docs/serving.md, \"Photos and "
+                    "video frames\"), or set planning.image_min_pixels / image_max_pixels to the server's; then rerun.")
+            continue
+        measured[item.what] = visual
+        if visual is not None and visual != item.expected_tokens:
+            unlike.append(item.what)
             log.warning("%s samples videos otherwise than the plan: the calibration video for its %s took %d visual "
                         "tokens where the plan expects %d (planning.fps, min_pixels, max_pixels, min/max_frames): "
                         "its answers are labelled with this server, but the manifest's token estimates and context "
                         "gate do not describe it; restart it with the plan's --media-io-kwargs and "
-                        "--mm-processor-kwargs, or set planning.* to the server's", ep.base_url, video.what, visual,
-                        video.expected_tokens)
+                        "--mm-processor-kwargs, or set planning.* to the server's", ep.base_url, item.what, visual,
+                        item.expected_tokens)
     return measured, tuple(unlike)
 
 

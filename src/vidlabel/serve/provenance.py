@@ -61,10 +61,11 @@ class JobIdentity:
         return cls(model=model, server=server, generation=generation,
                    schema=response_format(list(c.questions)), plan=settings.plan.identity())
 
-    def fingerprint(self, row: Mapping[str, Any], media: Mapping[str, Any]) -> str:
-        """The request fingerprint of a manifest row whose media file is ``media`` (its identity)."""
+    def fingerprint(self, row: Mapping[str, Any], items: list[Mapping[str, Any]]) -> str:
+        """The request fingerprint of a manifest row whose items are ``items`` (vidlabel.serve.items.identities:
+        each item's kind, label, transcript and file identity, in the post's order)."""
         return identity.answer_fingerprint(
-            prompt=row["prompt"], media=media, transcript=row.get("transcript_id"),
+            prompt=row["prompt"], media=items, transcript=row.get("transcript_id"),
             plan={"plan": row.get("plan"), **self.plan}, model=self.model.as_dict(), server=self.server,
             generation=self.generation, schema=self.schema)
 

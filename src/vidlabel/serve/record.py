@@ -32,6 +32,9 @@ class Record(Mapping):
     status: str = "error"  # ok | error
     error_kind: str | None = None
     error: str | None = None
+    # The index of the post's item (docs/outputs.md, the manifest's items) the error is about, where
+    # the server's message names one: its file, or an item of a kind the post has one of.
+    error_item: int | None = field(default=None, metadata=_MERGED)
     http_status: int | None = None
     attempts: int = 0  # attempts charged to the request, over all runs
     sends: int = 0  # HTTP requests made for it, over all runs

@@ -10,15 +10,16 @@ Which config keys the stage reads, and their fingerprint, stay declared in vidla
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from vidlabel.core import settings as stage_settings
 from vidlabel.prepare import planning
-from vidlabel.prepare.tokens import Sampling
-from vidlabel.serve import decode
 from vidlabel.prepare.prompt import response_format
+from vidlabel.prepare.tokens import ImageBounds, Sampling
+from vidlabel.serve import decode
 from vidlabel.serve.confidence import logprobs_request
+from vidlabel.serve.items import MediaLimits
 
 
 def _thaw(value: Any) -> Any:
@@ -73,9 +74,13 @@ class ServerSettings:
     fps: float
     min_pixels: int
     max_pixels: int
+    image_min_pixels: int
+    image_max_pixels: int
     allowed_media_path: str  # the one directory the server may read (planning.allowed_media_path)
     decode_backend: str  # vLLM's video codec backend for planning.decode (vidlabel.serve.decode)
     quantization: str | None  # classify.quantization (vidlabel.serve.quantization)
+    # What the job's data need the server to accept (vidlabel.serve.items.job_limits); set per job.
+    media_limits: MediaLimits = field(default_factory=MediaLimits)
 
     @property
     def words(self) -> list[str]:
@@ -98,17 +103,20 @@ class LayoutSettings:
 
 @dataclass(frozen=True)
 class PlanSettings:
-    """What the manifest planned the requests for: how the server samples videos, and its limits."""
+    """What the manifest planned the requests for: how the server samples videos and resizes images,
+    and its limits."""
     model_family: str
     sampling: Sampling
+    image_bounds: ImageBounds
     max_model_len: int
     max_tokens: int
     max_num_batched_tokens: int
 
     def identity(self) -> dict[str, Any]:
-        s = self.sampling
+        s, i = self.sampling, self.image_bounds
         return {"model_family": self.model_family, "fps": s.fps, "min_frames": s.min_frames,
                 "max_frames": s.max_frames, "min_pixels": s.min_pixels, "max_pixels": s.max_pixels,
+                "image_min_pixels": i.min_pixels, "image_max_pixels": i.max_pixels,
                 "max_model_len": self.max_model_len, "max_num_batched_tokens": self.max_num_batched_tokens}
 
 
@@ -133,6 +141,10 @@ class ServeSettings:
     def own_servers(self) -> bool:
         return not self.endpoints
 
+    def with_media_limits(self, limits: MediaLimits) -> "ServeSettings":
+        """These settings for a job whose data need ``limits`` (the server command's and the breaker's)."""
+        return replace(self, server=replace(self.server, media_limits=limits))
+
     @classmethod
     def from_config(cls, config: Mapping) -> "ServeSettings":
         c, p = config["classify"], config["planning"]
@@ -153,7 +165,8 @@ class ServeSettings:
             max_num_batched_tokens=c["max_num_batched_tokens"], max_num_seqs=c["max_num_seqs"],
             api_server_count=c["api_server_count"], startup_timeout_s=float(c["startup_timeout_s"]),
             shutdown_grace_s=float(c["shutdown_grace_s"]), fps=p["fps"], min_pixels=p["min_pixels"],
-            max_pixels=p["max_pixels"], allowed_media_path=allowed, decode_backend=decode.backend(config),
+            max_pixels=p["max_pixels"], image_min_pixels=p["image_min_pixels"], image_max_pixels=p["image_max_pixels"],
+            allowed_media_path=allowed, decode_backend=decode.backend(config),
             quantization=c.get("quantization"))
         layout = LayoutSettings(
             parallelism=(int(parallelism["tensor"]), int(parallelism.get("data", 1)))
@@ -161,7 +174,7 @@ class ServeSettings:
             data_parallel_backend=c["data_parallel_backend"], gpu_memory_gib=c["gpu_memory_gib"],
             gpu_memory_utilization=float(c["gpu_memory_utilization"]))
         plan = PlanSettings(model_family=p["model_family"], sampling=Sampling.from_config(config),
-                            max_model_len=c["max_model_len"], max_tokens=c["max_tokens"],
+                            image_bounds=ImageBounds.from_config(config), max_model_len=c["max_model_len"], max_tokens=c["max_tokens"],
                             max_num_batched_tokens=c["max_num_batched_tokens"])
         return cls(model=c["model"], server=server, layout=layout, client=client, plan=plan,
                    endpoints=tuple(u.rstrip("/") for u in c["endpoints"]), api_key_env=c["api_key_env"],

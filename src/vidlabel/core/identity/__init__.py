@@ -5,7 +5,8 @@ an answer, what of it counts, how it is checked and when; docs/outputs.md shows 
 holds them together). Two fingerprints follow from it:
 
 - the request fingerprint (``answer_fingerprint``): everything known before any server is asked
-  (the rendered prompt, the media item, the transcript's identity, the plan, the model by content,
+  (the rendered prompt, the post's media items in order, each with its kind, label, transcript and
+  file, the transcript's identity, the plan, the model by content,
   the generation settings, the answer schema and, for the job's own servers, the server command with
   its file-valued arguments by content and the server program's version). A journal record is reused
   only under the same request fingerprint, so a job with nothing left to send needs no server to
@@ -57,15 +58,16 @@ class Input:
 INPUTS: tuple[Input, ...] = (
     Input("prompt", "the rendered text: template, questions, caption and transcript",
           "request fingerprint", "every classify job, per request"),
-    Input("media", "the file sent: path, size and modification time (`classify.media_identity: content`: "
-          "its SHA-256 too)", "request fingerprint",
+    Input("media", "every item of the post, in order: its kind, label and transcript, and the file sent "
+          "(path, size and modification time; `classify.media_identity: content`: its SHA-256 too)",
+          "request fingerprint",
           "every classify job, per request; a file replaced at its path reruns the inventory and, for that post, "
           "what follows (the media's state is the inventory's params)"),
     Input("transcript", "its identity: the audio item it was made from and the transcription settings "
           "(backend, model by content, device, compute type, beam size, VAD, language)",
           "transcribe journal; request fingerprint", "every transcribe job; every classify job"),
     Input("plan", "the post's plan (as-is or its transcode) and the planning settings: model family, fps, "
-          "frame and pixel bounds, context and encoder-cache limits", "request fingerprint",
+          "frame and pixel bounds, image pixel bounds, context and encoder-cache limits", "request fingerprint",
           "every classify job, per request"),
     Input("model", "a local folder by content (small files hashed, weights by name, size and time); a "
           "Hugging Face snapshot by revision; a name alone for a remote endpoint (the log says so)",
@@ -89,7 +91,7 @@ INPUTS: tuple[Input, ...] = (
 )
 
 
-def answer_fingerprint(*, prompt: str, media: Mapping[str, Any], transcript: str | None, plan: Mapping[str, Any],
+def answer_fingerprint(*, prompt: str, media: Any, transcript: str | None, plan: Mapping[str, Any],
                        model: Mapping[str, Any], server: Mapping[str, Any], generation: Mapping[str, Any],
                        schema: Mapping[str, Any]) -> str:
     """The request fingerprint: one keyword per input of ``INPUTS`` known before a server is asked."""
