@@ -25,11 +25,11 @@ import vidlabel.core.identity
 import vidlabel.core.models
 import vidlabel.core.settings
 import vidlabel.core.slurm
-import vidlabel.prepare.inventory
+import vidlabel.prepare.posts
 import vidlabel.prepare.planning
 
 vidlabel.core.config.validate(config, f"{workflow.basedir}/workflow/schemas/config.schema.yaml")
-# The media's state (path, size, modification time of every video): the inventory rule's params, so
+# The media's state (path, size, modification time of every media file): the inventory rule's params, so
 # that a video replaced at the same path reruns the inventory and, through it, whatever that post needs.
 # Jobs (on cluster nodes too: the SLURM plugin submits with --export=ALL) get it from the main process
 # through the environment: a job's own Snakemake compares the params of the rules upstream of it, and a
@@ -37,8 +37,8 @@ vidlabel.core.config.validate(config, f"{workflow.basedir}/workflow/schemas/conf
 MEDIA_STATE_VARIABLE = "VIDLABEL_MEDIA_STATE"
 MEDIA_STATE = None if workflow.is_main_process else os.environ.get(MEDIA_STATE_VARIABLE)
 if MEDIA_STATE is None:
-    posts = vidlabel.prepare.inventory.load_posts(config["posts"], config["media_root"])
-    MEDIA_STATE = vidlabel.core.identity.media_state(posts.column("video_path").to_pylist())
+    posts = vidlabel.prepare.posts.load_posts(config["posts"], config["media_root"])
+    MEDIA_STATE = vidlabel.core.identity.media_state(vidlabel.prepare.posts.media_paths(posts))
     os.environ[MEDIA_STATE_VARIABLE] = MEDIA_STATE
 if workflow.is_main_process:
     if vidlabel.core.models.own_servers(config):

@@ -14,7 +14,7 @@ Stages, in order, each in its own Python process (so wall time and peak memory, 
   merge        vidlabel.analyze.merge.merge -> labels.parquet, per model
   aggregate    vidlabel.analyze.aggregate.run with 150 human labels per question -> summary/, per model
   compare      vidlabel.analyze.compare.run on every model -> compare/ (skipped with one model, as `all` does)
-  posts_check  vidlabel.prepare.inventory.load_posts on the posts table: what the Snakefile runs at parse time
+  posts_check  vidlabel.prepare.posts.load_posts on the posts table: what the Snakefile runs at parse time
   dryrun       `snakemake -n` with the real Snakefile (config/config.yaml plus an overlay: the posts table,
                classify.shards, transcribe.chunks) before a run: empty results, every job of the plan listed;
                its peak is the snakemake process's
@@ -257,10 +257,10 @@ def stage_compare(workdir: Path, config: dict, args) -> dict:
 
 def stage_posts_check(workdir: Path, config: dict, args) -> dict:
     """The Snakefile's parse-time check alone, to tell its share of the dry run."""
-    from vidlabel.prepare import inventory
+    from vidlabel.prepare import posts as posts_table
 
     t0 = time.perf_counter()
-    posts = inventory.load_posts(config["posts"], config["media_root"])
+    posts = posts_table.load_posts(config["posts"], config["media_root"])
     return {"rows": posts.num_rows, "load_posts_s": round(time.perf_counter() - t0, 2)}
 
 

@@ -5,5 +5,5 @@ from vidlabel.serve.classify import run_shard
 
 configure(snakemake.log[0])
 config = for_job(snakemake.config, "classify", snakemake.wildcards.model)
-run_shard(config, snakemake.input[0], snakemake.output[0], snakemake.params.journal,
+run_shard(config, snakemake.input.shard, snakemake.output[0], snakemake.params.journal,
           snakemake.params.server_log, int(snakemake.wildcards.shard))

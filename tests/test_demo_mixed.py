@@ -3,7 +3,7 @@ item and planned by tokens."""
 
 from __future__ import annotations
 
-import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
 import pytest
 
 from vidlabel.core import config as cfgmod
@@ -11,7 +11,7 @@ from vidlabel.demo_mixed import make_mixed_set
 from vidlabel.prepare import images
 from vidlabel.prepare import post_plan as pp
 from vidlabel.prepare.items import probe_item
-from vidlabel.prepare.post_media import media_lists
+from vidlabel.prepare.inventory import build_inventory
 
 
 @pytest.fixture(scope="module")
@@ -20,16 +20,21 @@ def mixed(tmp_path_factory):
     return root, make_mixed_set(root)
 
 
-def test_every_item_is_probed_as_the_kind_it_is(mixed):
+def test_every_item_is_probed_as_the_kind_it_is(mixed, tmp_path):
     root, expected = mixed
-    table = pacsv.read_csv(root / "posts-mixed.csv")
-    assert table.column("post_id").to_pylist() == list(expected)
-    for post_id, paths in zip(table.column("post_id").to_pylist(), media_lists(table)):
-        infos = [probe_item(root / p) for p in paths]
-        assert [i["probe_error"] for i in infos] == [None] * len(paths), post_id
-        kinds = [i["kind"] for i in infos]
-        assert kinds == expected[post_id]["kinds"], post_id
-        assert pp.post_type(kinds) == expected[post_id]["post_type"]
+    out = tmp_path / "inventory.parquet"
+    build_inventory({"posts": str(root / "posts-mixed.csv"), "media_root": str(root / "media")}, out, threads=2)
+    rows = pq.read_table(out).to_pylist()
+    assert [r["post_id"] for r in rows] == list(expected)
+    for row in rows:
+        post = expected[row["post_id"]]
+        assert [i["probe_error"] for i in row["items"]] == [None] * len(post["media"]), row["post_id"]
+        assert [i["kind"] for i in row["items"]] == post["kinds"], row["post_id"]
+        assert [i["source_path"] for i in row["items"]] == post["media"]
+        assert (row["post_type"], row["n_items"], row["items_dropped"], row["probe_error"]) == (
+            post["post_type"], len(post["media"]), None, None)
+        first_video = next((i["path"] for i in row["items"] if i["kind"] == "video"), row["items"][0]["path"])
+        assert row["video_path"] == first_video
 
 
 def test_the_slideshow_has_a_sideways_phone_photo_and_a_spoken_soundtrack(mixed):

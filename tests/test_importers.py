@@ -21,8 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from vidlabel.prepare import importers
-from vidlabel.prepare.inventory import PostsError
-from vidlabel.prepare.post_media import media_lists, post_items
+from vidlabel.prepare.posts import PostsError, load_posts, media_lists
 
 
 def touch(path: Path, data: bytes = b"x") -> Path:
@@ -156,30 +155,36 @@ def test_written_tables_read_back_as_ordered_media_lists(tmp_path, suffix):
     else:
         back = pq.read_table(out)
         assert back.schema.field("media").type == pa.list_(pa.string())
-    assert media_lists(back) == table.column("media").to_pylist()
+    assert media_lists(back) == (table.column("media").to_pylist(), {})
 
 
-def test_media_column_and_video_path_forms():
-    table = pa.table({"post_id": ["a", "b", "c"], "caption": ["x", None, "z"],
-                      "media": ['["p/1.jpg", "p/2.jpg", "p/a.mp3"]', None, '["c.mp4"]'],
-                      "video_path": [None, "b.mp4", "c.mp4"]})
-    assert media_lists(table) == [["p/1.jpg", "p/2.jpg", "p/a.mp3"], ["b.mp4"], ["c.mp4"]]
-    items = post_items(table)
-    assert items.schema.names == ["post_id", "caption", "item_index", "path"]
-    assert items.to_pylist()[:4] == [
-        {"post_id": "a", "caption": "x", "item_index": 0, "path": "p/1.jpg"},
-        {"post_id": "a", "caption": "x", "item_index": 1, "path": "p/2.jpg"},
-        {"post_id": "a", "caption": "x", "item_index": 2, "path": "p/a.mp3"},
-        {"post_id": "b", "caption": None, "item_index": 0, "path": "b.mp4"}]
+def test_media_column_and_video_path_forms(tmp_path):
+    posts = tmp_path / "posts.csv"
+    pacsv.write_csv(pa.table({"post_id": ["a", "b", "c"], "caption": ["x", None, "z"],
+                              "media": ['["p/1.jpg", "p/2.jpg", "p/a.mp3"]', None, '["c.mp4"]'],
+                              "video_path": [None, "b.mp4", "c.mp4"]}), posts)
+    table = load_posts(posts, tmp_path)  # no file needs to exist yet: the inventory records missing ones
+    root = str(tmp_path.resolve())
+    assert table.column("media").to_pylist() == [[f"{root}/p/1.jpg", f"{root}/p/2.jpg", f"{root}/p/a.mp3"],
+                                                 [f"{root}/b.mp4"], [f"{root}/c.mp4"]]
+    assert table.column("source_media").to_pylist() == [["p/1.jpg", "p/2.jpg", "p/a.mp3"], ["b.mp4"], ["c.mp4"]]
+    assert table.column("video_path").to_pylist() == [f"{root}/p/1.jpg", f"{root}/b.mp4", f"{root}/c.mp4"]
+    assert "media" in table.column_names and table.column("caption").to_pylist() == ["x", None, "z"]
 
 
-def test_bad_media_rows_are_named():
-    table = pa.table({"post_id": ["a", "b", "c", "d", "e"],
-                      "media": ['["x.jpg"', '{"a": 1}', '["", "y.jpg"]', None, '["e.jpg"]'],
-                      "video_path": [None, None, None, " ", "other.mp4"]})
+def test_bad_media_rows_are_named(tmp_path):
+    posts = tmp_path / "posts.parquet"
+    pq.write_table(pa.table({"post_id": ["a", "b", "c", "d", "e", "f"],
+                             "media": ['["x.jpg"', '{"a": 1}', '["", "y.jpg"]', None, '["e.jpg"]',
+                                       '["../outside.jpg", "in.jpg"]'],
+                             "video_path": [None, None, None, " ", "other.mp4", None]}), posts)
     with pytest.raises(PostsError) as err:
-        media_lists(table)
+        load_posts(posts, tmp_path)
     text = str(err.value)
-    for expected in ("row 1: media is not a JSON array", "row 2: media is not a list", "row 3: media holds an empty",
-                     "row 4: no media", "row 5: video_path 'other.mp4' and media ['e.jpg'] disagree"):
-        assert expected in text
+    for expected in ("bad media in 4 row(s)", "row 1 (post_id 'a'): media is not a JSON array",
+                     "row 2 (post_id 'b'): media is not a list", "row 3 (post_id 'c'): media holds an empty",
+                     "empty media in 1 row(s): row 4 (post_id 'd')",
+                     "row 5 (post_id 'e'): video_path 'other.mp4' and media ['e.jpg'] disagree",
+                     f"media path outside media_root {tmp_path.resolve()}", "in 1 row(s): row 6 (post_id 'f'): "
+                     f"{tmp_path.resolve().parent}/outside.jpg"):
+        assert expected in text, (expected, text)

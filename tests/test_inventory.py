@@ -15,7 +15,8 @@ import pytest
 from demo_media import get_demo_set
 
 from vidlabel.demo import make_video
-from vidlabel.prepare.inventory import PostsError, build_inventory, load_posts
+from vidlabel.prepare.inventory import build_inventory
+from vidlabel.prepare.posts import PostsError, load_posts
 from vidlabel.prepare.media import AudioError, NoAudioStream, load_audio, probe
 
 EXPECTED_REASON = {
@@ -389,7 +390,7 @@ def test_a_rerun_probes_only_the_files_that_changed(tmp_path, demo):
     (media / "v1.mp4").write_bytes(b"")  # replaced at the same path by a broken download
     build_inventory(config, out, threads=2)
     lines = [json.loads(line) for line in journal.read_text().splitlines()]
-    assert len(lines) == 3 and lines[-1]["video_path"] == os.path.realpath(media / "v1.mp4")
+    assert len(lines) == 3 and lines[-1]["item_path"] == os.path.realpath(media / "v1.mp4")
     after = {r["post_id"]: r for r in pq.read_table(out).to_pylist()}
     assert after["a"] == before["a"]
     assert before["b"]["probe_error"] is None and after["b"]["probe_error"]

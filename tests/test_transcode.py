@@ -192,6 +192,9 @@ def _probed_inventory(formats, tmp_path, broken_av1=False):
         (tmp_path / "gone.mp4").write_text("not a video any more\n")
         paths = [str(tmp_path / "gone.mp4") if p == av1_path else p for p in table.column("video_path").to_pylist()]
         table = table.set_column(table.column_names.index("video_path"), "video_path", pa.array(paths))
+    if broken_av1 or "av1" not in files:
+        # The post columns were edited: the stages read the items from them (an inventory without items).
+        table = table.drop_columns(["items"])
     pq.write_table(table, inv)
     return cfg, inv, table
 

@@ -20,7 +20,7 @@ from demo_media import get_demo_set, whisper_tiny_en
 
 from vidlabel.core.journal import iter_records, journal_beside
 from vidlabel.prepare.sharding import stable_chunk
-from vidlabel.prepare.transcribe import chunk_posts, run_chunk
+from vidlabel.prepare.transcribe import chunk_items, run_chunk
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # the model is loaded by path; nothing may be downloaded
 
@@ -101,7 +101,7 @@ def test_faster_whisper_transcribes_the_spoken_words(demo, tmp_path, caplog):
 
 
 def test_chunks_partition_the_valid_posts_by_stable_hash(demo):
-    chunks = [chunk_posts(demo.inventory, i, 3) for i in range(3)]
+    chunks = [chunk_items(demo.inventory, i, 3) for i in range(3)]
     ids = [p["post_id"] for chunk in chunks for p in chunk]
     assert sorted(ids) == sorted(valid_posts(demo))
     for i, chunk in enumerate(chunks):
@@ -128,6 +128,7 @@ def test_unreadable_audio_is_an_error_record(demo, tmp_path):
     broken.write_text("overwritten after the inventory ran")
     table = pq.read_table(demo.inventory).slice(0, 1).to_pylist()
     table[0].update(post_id="gone-bad", video_path=str(broken))
+    table[0]["items"][0]["path"] = str(broken)
     inventory = tmp_path / "inventory.parquet"
     pq.write_table(pa.Table.from_pylist(table), inventory)
     out = tmp_path / "chunk-0.parquet"
@@ -268,6 +269,7 @@ def one_post_inventory(demo, tmp_path, source: str = "good-01") -> tuple[Path, P
     video.parent.mkdir(exist_ok=True)
     video.write_bytes(Path(row["video_path"]).read_bytes())
     row.update(post_id="post", video_path=str(video))
+    row["items"][0]["path"] = str(video)
     inventory = tmp_path / "inventory.parquet"
     pq.write_table(pa.Table.from_pylist([row]), inventory)
     return inventory, video
@@ -321,7 +323,7 @@ def test_a_passing_failure_is_retried_then_fails_the_chunk_and_the_rerun_finishe
     out = tmp_path / "chunk-0.parquet"
     config = whisper_config(demo)
     flaky = FlakyBackend(config["transcribe"], fails=100)
-    with pytest.raises(Exception, match=r"1 post\(s\).*post.*CUDA out of memory"):
+    with pytest.raises(Exception, match=r"1 item\(s\).*post item 0.*CUDA out of memory"):
         run_chunk(config, inventory, 0, out, backend=flaky)
     assert flaky.calls >= 2  # tried again within the job
     assert not out.exists()  # no chunk with a missing transcript in it

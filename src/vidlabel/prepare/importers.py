@@ -3,7 +3,7 @@
 Each importer walks a download folder and returns a posts table: ``post_id``, ``caption``, ``media``
 (the post's files in order, relative to the folder, posix separators), ``author``, ``timestamp``
 (UTC, seconds) and ``source`` (which tool and site). ``write_posts`` writes it as Parquet (``media`` a
-list column) or CSV (``media`` a JSON array), the forms ``vidlabel.prepare.post_media`` reads.
+list column) or CSV (``media`` a JSON array), the forms ``vidlabel.prepare.posts`` reads.
 
 The naming each importer relies on is the tool's default, read from its source:
 

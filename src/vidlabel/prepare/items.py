@@ -7,9 +7,9 @@ WebP or PNG is a ``video``), PyAV everything else (a video stream that is not a 
 probe as a 0.04 s, one-frame ``mjpeg`` video; here it is an image. Never raises: a missing, empty,
 corrupt or unrecognised file gets a ``probe_error`` of its own, so a post keeps its other items.
 
-Kept apart from ``vidlabel.prepare.media`` (the video probe and audio decoding the inventory and
-transcription rules run) because it needs Pillow and pillow-heif, which those rules' environments
-do not carry yet.
+A video item carries every field of the video probe (``vidlabel.prepare.media.PROBE_FIELDS``: the
+planner and the decoder choice read them), an image its format, pixel mode and EXIF orientation (what
+decides whether the server may be sent it as it is: ``item_image_problem``).
 """
 
 from __future__ import annotations
@@ -20,11 +20,13 @@ from typing import Any
 import av
 
 from vidlabel.prepare import images
-from vidlabel.prepare.media import _codec_name, _file_problem, _open_media, probe
+from vidlabel.prepare.media import PROBE_FIELDS, _codec_name, _file_problem, _open_media, probe
 
 KINDS = ("video", "image", "audio")
 ITEM_FIELDS = ("kind", "size_bytes", "media_format", "video_codec", "audio_codec", "width", "height",
-               "orientation", "duration_s", "fps", "frames", "has_audio", "probe_error")
+               "orientation", "duration_s", "fps", "frames", "has_audio", "probe_error", "image_mode",
+               *(f for f in PROBE_FIELDS if f not in ("size_bytes", "video_codec", "width", "height", "duration_s",
+                                                       "fps", "has_audio", "probe_error")))
 
 
 def probe_item(path: str | os.PathLike) -> dict[str, Any]:
@@ -58,8 +60,7 @@ def probe_item(path: str | os.PathLike) -> dict[str, Any]:
         info["probe_error"] = f"not a video, image or audio file (contains: {', '.join(kinds)})"
         return info
     video = probe(path)
-    info.update({k: video[k] for k in ("size_bytes", "duration_s", "fps", "width", "height", "video_codec",
-                                       "has_audio", "probe_error")})
+    info.update({k: video[k] for k in PROBE_FIELDS})
     info["media_format"] = media_format
     info["kind"] = "video" if not video["probe_error"] else None
     info["audio_codec"] = audio_codec
@@ -70,7 +71,8 @@ def _from_image(info: dict[str, Any], still: dict[str, Any]) -> dict[str, Any]:
     if still["probe_error"]:
         info["probe_error"] = still["probe_error"]
         return info
-    info.update(kind=still["kind"], media_format=still["image_format"].lower(), width=still["width"],
+    info.update(kind=still["kind"], media_format=still["image_format"].lower(), image_mode=still["mode"],
+                width=still["width"],
                 height=still["height"], orientation=still["orientation"], frames=still["frames"],
                 duration_s=still["duration_s"], fps=still["fps"], has_audio=False)
     if still["kind"] == "video":
@@ -95,3 +97,9 @@ def _from_audio(info: dict[str, Any], container, stream, media_format: str | Non
     info["kind"] = "audio"
     return info
 
+
+
+def item_image_problem(item: dict[str, Any]) -> str | None:
+    """Why the server must not be sent this probed still image as it is (``images.server_image_problem``)."""
+    return images.server_image_problem({"image_format": (item.get("media_format") or "").upper() or None,
+                                        "mode": item.get("image_mode"), "orientation": item.get("orientation")})

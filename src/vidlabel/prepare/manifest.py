@@ -1,16 +1,22 @@
 """Manifest: one request per post, with token estimates, the context gate and token-balanced shards.
 
 Inputs: the inventory, the transcript chunks, the (optional) transcode chunks. Outputs (atomic):
-``manifest/shard-{i}.parquet``, ``manifest/excluded.parquet`` and ``manifest/plan.csv`` (see
-docs/outputs.md). A post is excluded for a probe error (``probe_error``), a context overflow that
-re-planning cannot fix or that has no transcoded media (``too_long``), a failed transcode of a
-re-planned post (``transcode_error``), or a transcript that is missing (its transcription failed for
-good, or no chunk has it: ``transcript_error``). With ``transcribe.on_error: classify_without`` such a
-post is classified with a prompt that says its transcript is unavailable, never "(no speech)", and
-its ``transcript_status`` says so; without any transcript chunk (a run without transcription) every
-post is. A failed transcode of a post that fits as-is falls back to the original file.
+``manifest/shard-{i}.parquet``, ``manifest/excluded.parquet``, ``manifest/plan.csv`` (per shard),
+``manifest/post_plans.csv`` (every post re-planned or excluded as too long, with the reason) and
+``manifest/media_limits.json`` (what the data need of the server: ``post_plan.write_media_limits``);
+docs/outputs.md. A post is excluded for a probe error (no usable item: ``probe_error``), a context
+overflow that re-planning cannot fix or that has no transcoded media (``too_long``), a failed
+transcode of a re-planned item (``transcode_error``), or a transcript that is missing (its
+transcription failed for good, or no chunk has it: ``transcript_error``). With ``transcribe.on_error:
+classify_without`` such a post is classified with a prompt that says its transcript is unavailable,
+never "(no speech)", and its ``transcript_status`` says so; without any transcript chunk (a run
+without transcription) every post is. A failed transcode of a post that fits as-is falls back to the
+original file.
 
-Vectorised over pyarrow/numpy; the only per-row Python is prompt rendering and the request-id hash.
+A post that is one video alone (the usable items: ``vidlabel.prepare.item_targets.split_posts``) is
+planned here, vectorised over pyarrow/numpy (the only per-row Python is prompt rendering and the
+request-id hash); every other post by ``vidlabel.prepare.mixed_rows``. Every row has ``items``, what
+the classify stage sends in order: a one-video post's one video, unlabelled, as it was always sent.
 """
 
 from __future__ import annotations
@@ -27,11 +33,13 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from vidlabel.core.io import write_parquet
-from vidlabel.prepare import planning
+from vidlabel.core.io import write_parquet, write_text
+from vidlabel.prepare import item_targets, mixed_rows, planning, post_plan
 from vidlabel.prepare import tokens as tk
+from vidlabel.prepare.inventory import items_table
 from vidlabel.prepare.prompt import (
     _BLOCK_TAGS,
     NO_CAPTION,
@@ -59,9 +67,17 @@ SHARD_SCHEMA = pa.schema([
     ("est_text_tokens", pa.int64()),
     ("est_prompt_tokens", pa.int64()),
     ("plan", pa.string()),
+    # What the classify stage sends, in order (mixed_rows.ITEM_TYPE), and the post's shape.
+    ("items", pa.list_(mixed_rows.ITEM_TYPE)),
+    ("post_type", pa.string()),
+    ("n_videos", pa.int64()),
+    ("n_images", pa.int64()),
+    ("n_audio", pa.int64()),
+    ("est_video_tokens", pa.int64()),
+    ("est_image_tokens", pa.int64()),
+    ("items_dropped", pa.string()),
 ])
-INVENTORY_COLUMNS = ("post_id", "video_path", "caption", "duration_s", "fps", "width", "height", "video_codec",
-                     "probe_error", "pix_fmt", "rotation", "container", "header_frames", "base_fps")
+POST_PLANS_COLUMNS = ("post_id", "post_type", "status", "plan")
 TEXT_BATCH = 131072
 EXCLUDED_SCHEMA = pa.schema([
     ("post_id", pa.string()),
@@ -179,12 +195,33 @@ def _read_many(paths, columns) -> pa.Table | None:
     return pa.concat_tables(tables, promote_options="default")
 
 
+def _item_keys(post_id: pa.Array, index: pa.Array | None) -> pa.Array:
+    """One key per (post_id, item_index) (a table written before items: index 0)."""
+    index = pa.array(np.zeros(len(post_id), np.int64)) if index is None else pc.fill_null(index.cast(pa.int64()), 0)
+    return pc.binary_join_element_wise(post_id.cast(pa.string()), index.cast(pa.string()), "\x1f")
+
+
+def _keyed(table: pa.Table | None) -> pa.Table | None:
+    """A transcript or transcode table with its item key (``_item_keys``)."""
+    if table is None:
+        return None
+    index = table.column("item_index").combine_chunks() if "item_index" in table.column_names else None
+    return table.append_column("item_key", _item_keys(table.column("post_id").combine_chunks(), index))
+
+
+def _by_item(table: pa.Table | None) -> dict[tuple[str, int], dict]:
+    """Rows by (post_id, item_index), the last row of each winning."""
+    if table is None:
+        return {}
+    return {(r["post_id"], int(r.get("item_index") or 0)): r for r in table.to_pylist()}
+
+
 def _lookup(keys: pa.Array, table: pa.Table | None, column: str, dtype) -> pa.Array:
-    """Value of ``column`` for each key (the last row per post_id wins), null when absent."""
+    """Value of ``column`` for each item key (the last row per key wins), null when absent."""
     if table is None or table.num_rows == 0 or column not in table.column_names:
         return pa.nulls(len(keys), dtype)
-    ids = table.column("post_id").combine_chunks()
-    # Keep the last row of each post_id so a later chunk overrides an earlier one.
+    ids = table.column("item_key").combine_chunks()
+    # Keep the last row of each key so a later chunk overrides an earlier one.
     rev = pa.array(np.arange(len(ids))[::-1])
     ids_rev = ids.take(rev)
     uniq_ids = ids_rev.unique()
@@ -193,6 +230,12 @@ def _lookup(keys: pa.Array, table: pa.Table | None, column: str, dtype) -> pa.Ar
     pos = pc.index_in(keys, value_set=uniq_ids)
     values = table.column(column).combine_chunks().take(src_rows).cast(dtype)
     return values.take(pos)
+
+
+def _excluded_table(post_id, video_path, reason, detail) -> pa.Table:
+    return pa.table({"post_id": pa.array(post_id, pa.string()), "video_path": pa.array(video_path, pa.string()),
+                     "reason": pa.array(reason, pa.string()), "detail": pa.array(detail, pa.string())},
+                    schema=EXCLUDED_SCHEMA)
 
 
 def build(config: dict, inventory_path, transcript_paths, transcode_paths, shard_paths, excluded_path,
@@ -204,37 +247,37 @@ def build(config: dict, inventory_path, transcript_paths, transcode_paths, shard
     if n_shards < 1:
         raise ValueError("manifest.build needs at least one shard path")
 
-    names = pq.read_schema(inventory_path).names
-    inv = pq.read_table(inventory_path, columns=[c for c in INVENTORY_COLUMNS if c in names])
+    inv = pq.read_table(inventory_path)
     probe_error = inv.column("probe_error").combine_chunks() if "probe_error" in inv.column_names \
         else pa.nulls(inv.num_rows, pa.string())
     bad = pc.is_valid(probe_error)
-    excluded = [pa.table({
-        "post_id": inv.column("post_id").filter(bad).cast(pa.string()),
-        "video_path": inv.column("video_path").filter(bad).cast(pa.string()),
-        "reason": pa.array(["probe_error"] * int(pc.sum(bad).as_py() or 0), pa.string()),
-        "detail": probe_error.filter(bad).cast(pa.string()),
-    }, schema=EXCLUDED_SCHEMA)]
-    ok = inv.filter(pc.invert(bad))
+    excluded = [_excluded_table(inv.column("post_id").filter(bad), inv.column("video_path").filter(bad),
+                                ["probe_error"] * int(pc.sum(bad).as_py() or 0), probe_error.filter(bad))]
+    items = items_table(inv.filter(pc.invert(bad)))
+    one_video, mixed = item_targets.split_posts(items)
+    ok = items.take(pa.array(one_video, pa.int64()))  # the posts of one video alone, one item row each
     post_id = ok.column("post_id").combine_chunks().cast(pa.string())
-    video_path = ok.column("video_path").combine_chunks().cast(pa.string())
-    caption = (ok.column("caption").combine_chunks().cast(pa.string()) if "caption" in ok.column_names
-               else pa.nulls(ok.num_rows, pa.string()))
+    item_index = ok.column("index").combine_chunks()
+    keys = _item_keys(post_id, item_index)
+    video_path = ok.column("path").combine_chunks().cast(pa.string())
+    caption = ok.column("caption").combine_chunks().cast(pa.string())
     num = {k: np.nan_to_num(ok.column(k).combine_chunks().cast(pa.float64()).to_numpy(zero_copy_only=False),
                             nan=0.0) for k in ("duration_s", "fps", "width", "height")}
+    dropped = ({} if "items_dropped" not in inv.column_names else
+               {p: d for p, d in zip(inv.column("post_id").to_pylist(), inv.column("items_dropped").to_pylist()) if d})
 
     # Transcripts: ok -> the text; no_audio -> none; error or missing -> unavailable (module docstring).
-    tr = _read_many(transcript_paths, ["post_id", "text", "status", "error", "transcript_id"])
-    tr_status = _lookup(post_id, tr, "status", pa.string())
+    tr = _keyed(_read_many(transcript_paths, ["post_id", "item_index", "text", "status", "error", "transcript_id"]))
+    tr_status = _lookup(keys, tr, "status", pa.string())
     transcript = pc.fill_null(pc.if_else(pc.equal(pc.fill_null(tr_status, ""), "ok"),
-                                         _lookup(post_id, tr, "text", pa.string()), pa.scalar(None, pa.string())), "")
+                                         _lookup(keys, tr, "text", pa.string()), pa.scalar(None, pa.string())), "")
     status = np.asarray(pc.fill_null(tr_status, "").to_pylist(), dtype=object)
     unavailable = ~np.isin(status, ["ok", "no_audio"])
     transcript_status = np.where(unavailable, "unavailable", status).astype(object)
     available = pa.array(~unavailable)
-    transcript_id = _lookup(post_id, tr, "transcript_id", pa.string())
+    transcript_id = _lookup(keys, tr, "transcript_id", pa.string())
     exclude_unavailable = bool(transcript_paths) and c_on_error(config) == "exclude"
-    tr_error = np.asarray(_lookup(post_id, tr, "error", pa.string()).to_pylist(), dtype=object)
+    tr_error = np.asarray(_lookup(keys, tr, "error", pa.string()).to_pylist(), dtype=object)
 
     text_tokens = prompt_text_tokens(config, caption, transcript, available)
 
@@ -250,20 +293,20 @@ def build(config: dict, inventory_path, transcript_paths, transcode_paths, shard
     visual = plan.visual_tokens.copy()
 
     # Transcoded media, where present, is what the server reads: estimate on its real properties.
-    tc = _read_many(transcode_paths, ["post_id", "media_path", "status", "error", "fps", "width", "height",
-                                      "duration_s", "plan"])
-    tc_status = np.asarray(_lookup(post_id, tc, "status", pa.string()).to_pylist(), dtype=object)
+    tc = _keyed(_read_many(transcode_paths, ["post_id", "item_index", "media_path", "status", "error", "fps", "width",
+                                             "height", "duration_s", "plan"]))
+    tc_status = np.asarray(_lookup(keys, tc, "status", pa.string()).to_pylist(), dtype=object)
     has_tc = tc_status == "ok"
     tc_failed = tc_status == "error"
     reason = np.full(len(post_id), None, dtype=object)
     detail = np.full(len(post_id), None, dtype=object)
     if has_tc.any():
         idx = np.flatnonzero(has_tc)
-        tcv = {k: np.nan_to_num(_lookup(post_id, tc, k, pa.float64()).to_numpy(zero_copy_only=False)[idx], nan=0.0)
+        tcv = {k: np.nan_to_num(_lookup(keys, tc, k, pa.float64()).to_numpy(zero_copy_only=False)[idx], nan=0.0)
                for k in ("duration_s", "fps", "width", "height")}
         est = tk.estimate_visual(config, tcv["duration_s"], tcv["fps"], tcv["width"], tcv["height"])
         visual[idx] = est.tokens
-        tc_plan = np.asarray(_lookup(post_id, tc, "plan", pa.string()).to_pylist(), dtype=object)[idx]
+        tc_plan = np.asarray(_lookup(keys, tc, "plan", pa.string()).to_pylist(), dtype=object)[idx]
         plan_str[idx] = np.where(tc_plan == None, plan_str[idx], tc_plan)  # noqa: E711 (elementwise)
         over = visual[idx] > planning.visual_token_budget(config, text_tokens[idx])
         for j in idx[over]:
@@ -271,7 +314,7 @@ def build(config: dict, inventory_path, transcript_paths, transcode_paths, shard
             detail[j] = (f"transcoded media still estimated at {int(visual[j])} visual + {int(text_tokens[j])} "
                          f"text tokens, over the limits: {planning.limits_text(config)} ({plan_str[j]})")
     replan_missing = (action == "replan") & ~has_tc
-    tc_error = np.asarray(_lookup(post_id, tc, "error", pa.string()).to_pylist(), dtype=object)
+    tc_error = np.asarray(_lookup(keys, tc, "error", pa.string()).to_pylist(), dtype=object)
     for j in np.flatnonzero(replan_missing & tc_failed):
         reason[j], detail[j] = "transcode_error", f"{plan.plan[j]}; transcode failed: {tc_error[j]}"
     for j in np.flatnonzero(replan_missing & ~tc_failed):
@@ -291,52 +334,109 @@ def build(config: dict, inventory_path, transcript_paths, transcode_paths, shard
     out_mask = reason != None  # noqa: E711 (elementwise)
     if out_mask.any():
         m = pa.array(out_mask)
-        excluded.append(pa.table({
-            "post_id": post_id.filter(m), "video_path": video_path.filter(m),
-            "reason": pa.array(reason[out_mask].tolist(), pa.string()),
-            "detail": pa.array(detail[out_mask].tolist(), pa.string()),
-        }, schema=EXCLUDED_SCHEMA))
+        excluded.append(_excluded_table(post_id.filter(m), video_path.filter(m), reason[out_mask].tolist(),
+                                        detail[out_mask].tolist()))
     keep = np.flatnonzero(~out_mask)
     # The server reads the transcoded file where one exists, else the original.
-    media_path = pc.if_else(pa.array(has_tc), _lookup(post_id, tc, "media_path", pa.string()), video_path)
+    media_path = pc.if_else(pa.array(has_tc), _lookup(keys, tc, "media_path", pa.string()), video_path)
 
-    ids = np.asarray(request_ids(post_id.take(pa.array(keep)).to_pylist(), template, questions), dtype=object)
-    prompt_tokens = (visual + text_tokens)[keep]
+    # Posts of several items (vidlabel.prepare.mixed_rows), after the posts of one video.
+    many = mixed_rows.post_rows(config, mixed, _by_item(tr), _by_item(tc), dropped, exclude_unavailable)
+    if many.excluded:
+        excluded.append(_excluded_table(*map(list, zip(*many.excluded))))
+    n_one = len(keep)
+    kept_ids = post_id.take(pa.array(keep)).to_pylist() + [r["post_id"] for r in many.kept]
+    ids = np.asarray(request_ids(kept_ids, template, questions), dtype=object)
+    visual_kept = np.concatenate([visual[keep], [r["est_visual_tokens"] for r in many.kept]]).astype(np.int64)
+    text_kept = np.concatenate([text_tokens[keep], [r["est_text_tokens"] for r in many.kept]]).astype(np.int64)
+    plan_kept = np.concatenate([plan_str[keep], np.asarray([r["plan"] for r in many.kept], dtype=object)])
+    prompt_tokens = visual_kept + text_kept
     shard = planning.balance_shards(prompt_tokens, ids, n_shards)
 
     # Within a shard the heaviest requests go first (shortens the tail of the job), ties by request_id.
     order = np.lexsort((ids.astype(str), -prompt_tokens, shard))
     bounds = np.searchsorted(shard[order], np.arange(n_shards + 1))
-    visual_kept, text_kept, plan_kept = visual[keep], text_tokens[keep], plan_str[keep]
+    one = {"post_id": post_id, "video_path": video_path, "media_path": media_path, "caption": caption,
+           "transcript": transcript, "transcript_id": transcript_id, "item_index": item_index}
+    status_kept = transcript_status[keep]
     for i, path in enumerate(shard_paths):
-        sel = order[bounds[i]:bounds[i + 1]]  # positions among kept posts
-        rows = pa.array(keep[sel], pa.int64())  # positions among valid posts
-        caps, trs, avail = caption.take(rows), transcript.take(rows), available.take(rows)
-        # Prompts are rendered per shard so the whole set's prompts are never in memory at once.
-        write_parquet(pa.table({
-            "request_id": pa.array(ids[sel].tolist(), pa.string()),
-            "post_id": post_id.take(rows),
-            "video_path": video_path.take(rows),
-            "media_path": media_path.take(rows),
-            "caption": caps,
-            "transcript": trs,
-            "transcript_status": pa.array(transcript_status[keep[sel]].tolist(), pa.string()),
-            "transcript_id": transcript_id.take(rows),
-            "prompt": render_prompts(template, caps, trs, questions, avail),
-            "est_visual_tokens": pa.array(visual_kept[sel], pa.int64()),
-            "est_text_tokens": pa.array(text_kept[sel], pa.int64()),
-            "est_prompt_tokens": pa.array(prompt_tokens[sel], pa.int64()),
-            "plan": pa.array(plan_kept[sel].tolist(), pa.string()),
-        }, schema=SHARD_SCHEMA), path)
+        sel = order[bounds[i]:bounds[i + 1]]  # positions among kept posts, one-video posts first
+        write_parquet(_shard_table(config, sel, n_one, keep, one, available, status_kept, many.kept, ids, visual_kept,
+                                   text_kept, plan_kept, dropped), path)
     excluded_table = pa.concat_tables(excluded)
     write_parquet(excluded_table, excluded_path)
     planning.write_plan_csv(planning.plan_table(config, shard, prompt_tokens, n_shards), plan_path)
+    _write_post_plans(Path(plan_path).with_name("post_plans.csv"), plan_kept, kept_ids, n_one, many.kept,
+                      excluded_table, inv)
+    one_largest = int(visual[keep].max()) + tk.IMAGE_MARKER_TOKENS if n_one else 0
+    post_plan.write_media_limits(mixed_rows.limits(many.kept, one_largest, n_one), Path(plan_path).parent)
     elapsed = time.monotonic() - started
     reasons = Counter(excluded_table.column("reason").to_pylist())
-    log.info("manifest: %d posts -> %d requests in %d shards (%.0f est. prompt tokens each on average), "
-             "%d excluded %s, in %.2f s (%.0f posts/s)", inv.num_rows, len(keep), n_shards,
-             float(prompt_tokens.mean()) if len(keep) else 0.0, excluded_table.num_rows, dict(reasons),
+    types = Counter(["video"] * n_one + [r["post_type"] for r in many.kept])
+    log.info("manifest: %d posts -> %d requests in %d shards (%.0f est. prompt tokens each on average; by post type "
+             "%s), %d excluded %s, in %.2f s (%.0f posts/s)", inv.num_rows, len(ids), n_shards,
+             float(prompt_tokens.mean()) if len(ids) else 0.0, dict(types), excluded_table.num_rows, dict(reasons),
              elapsed, inv.num_rows / max(elapsed, 1e-9))
+
+
+def _shard_table(config, sel, n_one, keep, one, available, status_kept, many, ids, visual, text, plans,
+                 dropped) -> pa.Table:
+    """One shard's rows: the one-video posts among ``sel`` (vectorised) and the posts of several items,
+    in ``sel``'s order."""
+    c = config["classify"]
+    first = sel[sel < n_one]  # positions among the kept one-video posts
+    rows = pa.array(keep[first], pa.int64())  # positions among the one-video posts
+    caps, trs, avail = one["caption"].take(rows), one["transcript"].take(rows), available.take(rows)
+    # Prompts are rendered per shard so the whole set's prompts are never in memory at once.
+    prompts = render_prompts(c["prompt_template"], caps, trs, c["questions"], avail)
+    n = len(first)
+    single = pa.StructArray.from_arrays(
+        [one["item_index"].take(rows).cast(pa.int64()), pa.array(["video"] * n, pa.string()),
+         one["video_path"].take(rows), one["media_path"].take(rows), pa.nulls(n, pa.string()),
+         pa.array(visual[first] + tk.IMAGE_MARKER_TOKENS, pa.int64()), one["transcript_id"].take(rows)],
+        fields=list(mixed_rows.ITEM_TYPE))
+    post_ids = one["post_id"].take(rows)
+    columns = {
+        "post_id": post_ids, "video_path": one["video_path"].take(rows), "media_path": one["media_path"].take(rows),
+        "caption": caps, "transcript": trs, "transcript_status": pa.array(status_kept[first].tolist(), pa.string()),
+        "transcript_id": one["transcript_id"].take(rows), "prompt": prompts,
+        "items": pa.ListArray.from_arrays(pa.array(np.arange(n + 1), pa.int32()), single),
+        "post_type": pa.array(["video"] * n, pa.string()), "n_videos": pa.array(np.ones(n, np.int64)),
+        "n_images": pa.array(np.zeros(n, np.int64)), "n_audio": pa.array(np.zeros(n, np.int64)),
+        "est_video_tokens": pa.array(visual[first], pa.int64()), "est_image_tokens": pa.array(np.zeros(n, np.int64)),
+        "items_dropped": pa.array([dropped.get(p) for p in post_ids.to_pylist()] if dropped else [None] * n,
+                                  pa.string()),
+    }
+    table = pa.table({name: columns[name] for name in columns})
+    others = [many[j - n_one] for j in sel[sel >= n_one]]
+    if others:
+        fields = [f for f in SHARD_SCHEMA if f.name in columns]
+        table = pa.concat_tables([table.cast(pa.schema(fields)), pa.Table.from_pylist(
+            [{f.name: r[f.name] for f in fields} for r in others], schema=pa.schema(fields))])
+        # Back into sel's order: the one-video rows came first, the others after them.
+        position = np.concatenate([np.flatnonzero(sel < n_one), np.flatnonzero(sel >= n_one)])
+        table = table.take(pa.array(np.argsort(position, kind="stable")))
+    extra = {"request_id": pa.array(ids[sel].tolist(), pa.string()), "est_visual_tokens": pa.array(visual[sel]),
+             "est_text_tokens": pa.array(text[sel]), "est_prompt_tokens": pa.array(visual[sel] + text[sel]),
+             "plan": pa.array(plans[sel].tolist(), pa.string())}
+    return pa.table({f.name: (extra[f.name] if f.name in extra else table.column(f.name)).cast(f.type)
+                     for f in SHARD_SCHEMA}, schema=SHARD_SCHEMA)
+
+
+def _write_post_plans(path: Path, plans, kept_ids, n_one, many, excluded: pa.Table, inv: pa.Table) -> None:
+    """``post_plans.csv``: every post re-planned (kept) or excluded as too long, with the reason."""
+    types = dict(zip(inv.column("post_id").to_pylist(), inv.column("post_type").to_pylist())) \
+        if "post_type" in inv.column_names else {}
+    rows = [(pid, types.get(pid, "video"), "kept", p) for pid, p in zip(kept_ids, plans.tolist())
+            if p != "as-is" and not str(p).startswith("as-is (")]
+    for pid, why, text in zip(*(excluded.column(c).to_pylist() for c in ("post_id", "reason", "detail"))):
+        if why in ("too_long", "transcode_error"):
+            rows.append((pid, types.get(pid, "video"), f"excluded: {why}", text))
+    table = pa.table(dict(zip(POST_PLANS_COLUMNS, map(list, zip(*rows)))) if rows else
+                     {name: pa.array([], pa.string()) for name in POST_PLANS_COLUMNS})
+    buffer = pa.BufferOutputStream()
+    pacsv.write_csv(table, buffer)
+    write_text(buffer.getvalue().to_pybytes().decode(), path)
 
 
 def c_on_error(config: dict) -> str:

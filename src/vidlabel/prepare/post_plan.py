@@ -25,17 +25,22 @@ of 28 that the server's resize leaves as they are), the videos transcoded as tod
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
+from vidlabel.core.io import write_text
 from vidlabel.prepare import planning
 from vidlabel.prepare import tokens as tk
 
 KINDS = ("video", "image", "audio")
 #: Kinds sent to the server as media parts (audio goes as its transcript).
 SENT_KINDS = ("image", "video")
+#: Kinds that carry sound worth transcribing (a photo has none).
+SOUND_KINDS = ("video", "audio")
 CELL = tk.FACTOR * tk.FACTOR  # pixels per token cell
 PROFILER_VIDEO_FRAMES = 14  # vLLM models/qwen2_vl.py: _MAX_FRAMES_PER_VIDEO
 
@@ -134,6 +139,23 @@ def mm_limits(kinds_per_post) -> dict[str, int]:
         for k in SENT_KINDS:
             limits[k] = max(limits[k], count[k])
     return limits
+
+
+#: Beside the manifest's shards: what the data need of the server (``server_media_limits``).
+MEDIA_LIMITS_FILE = "media_limits.json"
+
+
+def write_media_limits(limits: dict[str, int], manifest_dir: str | Path) -> Path:
+    """Write the data's figures the server is sized for: the most images, videos and audio items one
+    post sends, and its largest item's tokens (``largest_item_tokens``)."""
+    path = Path(manifest_dir) / MEDIA_LIMITS_FILE
+    write_text(json.dumps(limits, sort_keys=True) + "\n", path)
+    return path
+
+
+def server_media_limits(manifest_dir: str | Path) -> dict[str, int]:
+    """The figures ``write_media_limits`` wrote for this manifest (FileNotFoundError: none)."""
+    return json.loads((Path(manifest_dir) / MEDIA_LIMITS_FILE).read_text())
 
 
 def profiled_item_cells(config: dict, limits: dict[str, int]) -> dict[str, int]:

@@ -1,24 +1,30 @@
-"""Pre-transcode: re-encode videos to the frame rate and pixel bound the model will sample.
+"""Pre-transcode: re-encode videos to the frame rate and pixel bound the model will sample, and convert
+the images the server would misread.
 
 The server (vLLM) decodes every frame of a video up to the last sampled one in its API process;
 a 60 s 1080p clip costs seconds of CPU per request. Re-encoding once, in parallel CPU jobs away
 from the server, to the planned fps and a 28-multiple size within max_pixels (audio dropped,
 faststart) leaves the server a few dozen small frames.
 
-One chunk job handles the posts with ``stable_chunk(post_id, planning.transcode.chunks) == chunk``
-and no probe error. Which posts: all of them with ``planning.transcode.enabled``; otherwise only the
-posts the planner re-plans: those over a limit (their new fps/pixel bound/trim exists only in a
-transcoded file) and those whose original the server cannot read (a codec it does not decode, too
-few frames), so the rule can always run. A clip too short for the planned rate is written with
-enough frames for the model (``planning.transcode_target``); a file with fewer is an error record.
-Each post is planned by ``vidlabel.prepare.planning.plan_posts``; without transcripts (the rule may run
-before transcription) a speech allowance by duration stands in for the transcript's tokens.
+One chunk job handles the posts with ``stable_chunk(post_id, planning.transcode.chunks) == chunk``,
+item by item (``vidlabel.prepare.inventory.items_table``; items with a probe error are left out).
+Which items: a post that is one video alone is planned by ``vidlabel.prepare.planning.plan_posts``,
+and its video is transcoded with ``planning.transcode.enabled``, or where it is re-planned (over a
+limit: its new fps/pixel bound/trim exists only in a transcoded file) or its original cannot be read
+by the server (a codec it does not decode, too few frames), so the rule can always run. A clip too
+short for the planned rate is written with enough frames for the model
+(``planning.transcode_target``); a file with fewer is an error record. Every other post (photos,
+slideshows, carousels) is planned by ``vidlabel.prepare.item_targets``, which says for each item
+whether it is transcoded, re-encoded from its animation frames or converted to JPEG. Without
+transcripts (the rule may run before transcription) a speech allowance by duration stands in for
+the transcripts' tokens.
 
-Resume: every finished post (ok or error) is appended to the journal ``<output>.jsonl`` (key
-``post_id``); a rerun skips posts whose journal record has the same transcode key (source file,
-size, modification time, target fps/size/trim, crf) and, for ``ok``, whose file still exists.
-Files are named ``<post_id-ish>-<key>.mp4`` in ``media_dir``, written to a temporary name and
-renamed, so a half-written file is never taken for a finished one.
+Resume: every finished item (ok or error) is appended to the journal ``<output>.jsonl`` under its
+transcode key (source file, size, modification time, the target: fps, size, trim, crf, kind of
+output); a rerun redoes an item only when its key is new or, for ``ok``, its file is gone, and an item
+two posts share is written once. Files are named ``<post_id-ish>-<key>.mp4`` (``.jpg`` for images) in
+``media_dir``, written to a temporary name and renamed, so a half-written file is never taken for a
+finished one.
 """
 
 from __future__ import annotations
@@ -40,14 +46,17 @@ import pyarrow.parquet as pq
 from vidlabel.core import identity
 from vidlabel.core.io import atomic_path, write_parquet
 from vidlabel.core.journal import Journal, journal_beside
-from vidlabel.prepare import planning
+from vidlabel.prepare import images, item_targets, planning
 from vidlabel.prepare import tokens as tk
+from vidlabel.prepare.inventory import items_table
+from vidlabel.prepare.item_targets import ItemWork
 from vidlabel.prepare.sharding import stable_chunk
 
 log = logging.getLogger(__name__)
 
 SCHEMA = pa.schema([
     ("post_id", pa.string()),
+    ("item_index", pa.int32()),  # the item's place in its post (0 for a one-video post)
     ("media_path", pa.string()),
     ("status", pa.string()),
     ("error", pa.string()),
@@ -111,82 +120,127 @@ def _safe_name(post_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", str(post_id))[:80] or "post"
 
 
-def _key(src: str, fps: float, width: int, height: int, duration_s: float | None, crf: int) -> str:
-    item = identity.media_item(src)  # the source by path, size and modification time
+def _key(work: ItemWork, crf: int) -> str:
+    """The item's transcode key: its source by path, size and modification time, and its target."""
+    item = identity.media_item(work.path)
     ident = [item.get("size"), item.get("mtime_ns")]
-    payload = json.dumps([src, ident, round(fps, 6), width, height,
-                          None if duration_s is None else round(duration_s, 3), crf, "fastdecode"])
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+    if work.action == "convert":
+        target = ["jpeg", images.JPEG_QUALITY, work.width, work.height]
+    else:
+        target = [round(work.fps, 6), work.width, work.height, None if work.trim_s is None else round(work.trim_s, 3),
+                  crf, "fastdecode" if work.action == "transcode" else "animation"]
+    return hashlib.sha256(json.dumps([work.path, ident, *target]).encode()).hexdigest()[:16]
 
 
-def chunk_posts(config: dict, inventory: pa.Table, chunk: int) -> pa.Table:
-    """Posts of this transcode chunk that have no probe error."""
+def chunk_items(config: dict, inventory: pa.Table, chunk: int) -> pa.Table:
+    """The usable media items of this transcode chunk's posts, one row each."""
     n_chunks = config["planning"]["transcode"]["chunks"]
-    ids = inventory.column("post_id").to_pylist()
-    errs = inventory.column("probe_error").is_null().to_numpy(zero_copy_only=False)
-    mask = np.fromiter((stable_chunk(pid, n_chunks) == chunk for pid in ids), bool, len(ids)) & errs
-    return inventory.filter(pa.array(mask))
+    items = items_table(inventory)
+    ids = items.column("post_id").to_pylist()
+    usable = items.column("probe_error").is_null().to_numpy(zero_copy_only=False)
+    mask = np.fromiter((stable_chunk(pid, n_chunks) == chunk for pid in ids), bool, len(ids)) & usable
+    return items.filter(pa.array(mask))
 
 
-def read_transcripts(paths) -> dict[str, str]:
-    out: dict[str, str] = {}
+def read_transcripts(paths) -> dict[tuple[str, int], dict]:
+    """Transcript rows by (post_id, item_index) (a chunk written before items: index 0)."""
+    out: dict[tuple[str, int], dict] = {}
     for path in paths or []:
-        t = pq.read_table(path, columns=["post_id", "text"])
-        out.update(zip(t.column("post_id").to_pylist(), t.column("text").to_pylist()))
+        names = pq.read_schema(path).names
+        t = pq.read_table(path, columns=[c for c in ("post_id", "item_index", "text", "status") if c in names])
+        for row in t.to_pylist():
+            out[(row["post_id"], int(row.get("item_index") or 0))] = row
     return out
 
 
-def run_chunk(config: dict, inventory_path, chunk: int, output_path, media_dir,
-              transcript_paths=None) -> pa.Table:
-    """Transcode one chunk; write ``output_path`` (parquet, see docs/outputs.md) and return it.
-
-    ``transcript_paths`` (optional): transcript chunk files; when given, the plan uses the real
-    transcript tokens instead of the speech allowance.
-    """
-    p = config["planning"]
-    enabled = bool(p["transcode"]["enabled"])
-    crf = int(p["transcode"]["crf"])
-    media_dir = Path(media_dir).resolve()
-    media_dir.mkdir(parents=True, exist_ok=True)
-    posts = chunk_posts(config, pq.read_table(inventory_path), chunk)
-    n = posts.num_rows
-    cols = {c: posts.column(c).to_pylist() for c in
-            ("post_id", "video_path", "caption", "duration_s", "fps", "width", "height")}
-    if transcript_paths is not None:
-        texts = read_transcripts(transcript_paths)
-        text_tokens = planning.text_tokens_for(config, cols["caption"], [texts.get(x) for x in cols["post_id"]])
+def one_video_work(config: dict, videos: pa.Table, texts: dict | None) -> list[ItemWork]:
+    """The transcodes of the posts that are one video alone (module docstring)."""
+    n = videos.num_rows
+    if n == 0:
+        return []
+    cols = {c: videos.column(c).to_pylist() for c in
+            ("post_id", "index", "path", "caption", "duration_s", "fps", "width", "height")}
+    if texts is not None:
+        spoken = [(texts.get((pid, idx)) or {}).get("text") for pid, idx in zip(cols["post_id"], cols["index"])]
+        text_tokens = planning.text_tokens_for(config, cols["caption"], spoken)
     else:
         text_tokens = planning.text_tokens_for(config, cols["caption"], None, cols["duration_s"])
     plan = planning.plan_posts(config, cols["duration_s"], _nan(cols["fps"]), cols["width"], cols["height"],
-                               text_tokens, formats=planning.formats_from_table(posts))
+                               text_tokens, formats=planning.formats_from_table(videos))
     out_fps, out_w, out_h = planning.transcode_target(config, plan.fps, plan.max_pixels,
                                                       np.asarray(cols["width"], float),
                                                       np.asarray(cols["height"], float), _nan(cols["fps"]),
                                                       plan.duration_s)
-    wanted = [i for i in range(n)
-              if plan.action[i] == "replan" or (enabled and plan.action[i] == "as-is")]
+    enabled = bool(config["planning"]["transcode"]["enabled"])
+    codecs = videos.column("video_codec").to_pylist()
+    work = []
+    for i in range(n):
+        if not (plan.action[i] == "replan" or (enabled and plan.action[i] == "as-is")):
+            continue
+        trim = float(plan.duration_s[i]) if plan.duration_s[i] < (cols["duration_s"][i] or 0) else None
+        animated = (codecs[i] or "").lower() in item_targets.ANIMATION_CODECS
+        work.append(ItemWork(cols["post_id"][i], int(cols["index"][i]), "video", cols["path"][i],
+                             "animation" if animated else "transcode", plan.plan[i], float(out_fps[i]),
+                             int(out_w[i]), int(out_h[i]), trim, plan.action[i]))
+    return work
+
+
+def mixed_work(config: dict, posts: list[item_targets.MixedPost], texts: dict | None) -> list[ItemWork]:
+    """The conversions and transcodes of the posts of several items (``vidlabel.prepare.item_targets``)."""
+    problems = item_targets.video_problems(config, posts)
+    work = []
+    for post in posts:
+        spoken, _ = item_targets.spoken_text(post, texts)
+        allowance = item_targets.sound_seconds(post) if texts is None else 0.0
+        _, text_tokens = item_targets.prompt_and_text_tokens(config, post, spoken, allowance)
+        work.extend(item_targets.work(config, post, item_targets.plan(config, post, text_tokens), problems))
+    return work
+
+
+def make_item(work: ItemWork, dst: Path, crf: int) -> dict:
+    """Write one item's file at ``dst``; its properties (fps, width, height, duration_s, frames)."""
+    if work.action == "convert":
+        size = (work.width, work.height) if work.width else None
+        return {**images.convert_image(work.path, dst, size), "fps": None, "duration_s": None, "frames": 1}
+    if work.action == "animation":
+        return images.convert_animation(work.path, dst, work.fps, (work.width, work.height), crf)
+    transcode_file(work.path, dst, work.fps, work.width, work.height, work.trim_s, crf)
+    return probe_output(dst)
+
+
+def run_chunk(config: dict, inventory_path, chunk: int, output_path, media_dir,
+              transcript_paths=None) -> pa.Table:
+    """Transcode and convert one chunk's items; write ``output_path`` (parquet, see docs/outputs.md) and
+    return it. ``transcript_paths`` (optional): transcript chunk files; when given, the plan uses the
+    real transcript tokens instead of the speech allowance.
+    """
+    crf = int(config["planning"]["transcode"]["crf"])
+    media_dir = Path(media_dir).resolve()
+    media_dir.mkdir(parents=True, exist_ok=True)
+    items = chunk_items(config, pq.read_table(inventory_path), chunk)
+    one_video, mixed = item_targets.split_posts(items)
+    texts = read_transcripts(transcript_paths) if transcript_paths is not None else None
+    wanted = one_video_work(config, items.take(pa.array(one_video, pa.int64())), texts) + mixed_work(config, mixed,
+                                                                                                       texts)
     rows = []
     t0 = time.monotonic()
-    with Journal(journal_beside(output_path), key="post_id") as journal:
+    with Journal(journal_beside(output_path), key="key") as journal:
         done = journal.read()
-        for count, i in enumerate(wanted, 1):
-            pid, src = cols["post_id"][i], cols["video_path"][i]
-            trim = float(plan.duration_s[i]) if plan.duration_s[i] < (cols["duration_s"][i] or 0) else None
-            fps, w, h = float(out_fps[i]), int(out_w[i]), int(out_h[i])
-            key = _key(src, fps, w, h, trim, crf)
-            prev = done.get(pid)
-            if prev and prev.get("key") == key and (
-                    prev["status"] == "error" or (prev.get("media_path") and os.path.exists(prev["media_path"]))):
-                rows.append(prev)
+        for count, work in enumerate(wanted, 1):
+            key = _key(work, crf)
+            prev = done.get(key)
+            if prev and (prev["status"] == "error" or (prev.get("media_path") and os.path.exists(prev["media_path"]))):
+                rows.append({**prev, "post_id": work.post_id, "item_index": work.index, "plan_action": work.plan_action,
+                             "plan": work.why})
                 continue
-            dst = media_dir / f"{_safe_name(pid)}-{key}.mp4"
-            rec = {"post_id": pid, "media_path": None, "status": "ok", "error": None, "fps": None,
-                   "width": None, "height": None, "duration_s": None, "frames": None,
-                   "plan_action": plan.action[i], "plan": plan.plan[i], "key": key}
+            suffix = ".jpg" if work.action == "convert" else ".mp4"
+            dst = media_dir / f"{_safe_name(work.post_id)}-{key}{suffix}"
+            rec = {"post_id": work.post_id, "item_index": work.index, "media_path": None, "status": "ok", "error": None,
+                   "fps": None, "width": None, "height": None, "duration_s": None, "frames": None,
+                   "plan_action": work.plan_action, "plan": work.why, "key": key}
             try:
-                transcode_file(src, dst, fps, w, h, trim, crf)
-                rec.update(probe_output(dst))
-                if rec["frames"] < tk.MIN_FILE_FRAMES:
+                rec.update(make_item(work, dst, crf))
+                if work.kind == "video" and rec["frames"] < tk.MIN_FILE_FRAMES:
                     dst.unlink()
                     raise RuntimeError(f"the transcoded file has {rec['frames']} frame(s); the server's sampler "
                                        f"needs at least {tk.MIN_FILE_FRAMES}")
@@ -195,14 +249,16 @@ def run_chunk(config: dict, inventory_path, chunk: int, output_path, media_dir,
                 rec.update(status="error", error=f"{type(exc).__name__}: {exc}" if not isinstance(
                     exc, RuntimeError) else str(exc))
             journal.append(rec)
+            done[key] = rec
             rows.append(rec)
-            log.info("transcode chunk %d: %d/%d (%.1fs) %s %s", chunk, count, len(wanted),
-                     time.monotonic() - t0, pid, rec["status"])
+            log.info("transcode chunk %d: %d/%d (%.1fs) %s item %d (%s) %s", chunk, count, len(wanted),
+                     time.monotonic() - t0, work.post_id, work.index, work.action, rec["status"])
     table = pa.Table.from_pylist([{f.name: r.get(f.name) for f in SCHEMA} for r in rows], schema=SCHEMA)
     write_parquet(table, output_path)
     elapsed = time.monotonic() - t0
-    log.info("transcode chunk %d: %d of %d posts transcoded (%d failed) in %.1f s (%.2f posts/s)", chunk,
-             sum(r["status"] == "ok" for r in rows), n, sum(r["status"] == "error" for r in rows), elapsed,
+    log.info("transcode chunk %d: %d of %d items written (%d failed; %d posts of one video, %d of several items) "
+             "in %.1f s (%.2f items/s)", chunk, sum(r["status"] == "ok" for r in rows), items.num_rows,
+             sum(r["status"] == "error" for r in rows), len(one_video), len(mixed), elapsed,
              len(rows) / max(elapsed, 1e-9))
     return table
 

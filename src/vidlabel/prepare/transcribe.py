@@ -1,11 +1,15 @@
-"""Stage 2, transcribe: Whisper transcripts of every probed post, one chunk job at a time.
+"""Stage 2, transcribe: Whisper transcripts of every media item with sound, one chunk job at a time.
 
 Two backends behind one interface (``transcribe.backend``): faster-whisper (CTranslate2, the
 default, about 3x faster on CPU) and openai-whisper (PyTorch). Audio is piped from ffmpeg into a
-16 kHz float32 array, never through a temp file. Every finished post is appended to the chunk's
-journal, so a rerun after a crash transcribes only what is missing, and only under the same audio
-(a video replaced at the same path is transcribed again) and settings; the chunk's Parquet file is
-written (atomically) once every post of the chunk has a transcript or a terminal error. A failure that
+16 kHz float32 array, never through a temp file. The items transcribed are every usable video item
+(its speech) and every audio item (a slideshow's soundtrack) of the chunk's posts, each under its own
+identity (``transcript_id``: the audio file and the transcription settings), so a file two posts share
+is transcribed once. Every finished transcript is appended to the chunk's journal (key
+``transcript_id``), so a rerun after a crash transcribes only what is missing, and only under the same
+audio (a video replaced at the same path is transcribed again) and settings; the chunk's Parquet file
+(one row per item: post_id, item_index) is written (atomically) once every item of the chunk has a
+transcript or a terminal error. A failure that
 is not the audio's (an I/O error, CUDA out of memory) is tried again, in the job and by the reruns,
 before it becomes a terminal error (``TRIES_PER_RUN``, ``RERUN_ATTEMPT_FACTOR``).
 """
@@ -27,7 +31,9 @@ import pyarrow.parquet as pq
 from vidlabel.core import identity
 from vidlabel.core.io import write_parquet
 from vidlabel.core.journal import Journal, journal_beside
+from vidlabel.prepare.inventory import items_table
 from vidlabel.prepare.media import SAMPLE_RATE, AudioError, NoAudioStream, load_audio
+from vidlabel.prepare.post_plan import SOUND_KINDS
 from vidlabel.prepare.sharding import stable_chunk
 
 log = logging.getLogger(__name__)
@@ -37,6 +43,7 @@ PROGRESS_INTERVAL_S = 10.0
 OUTPUT_SCHEMA = pa.schema(
     [
         ("post_id", pa.string()),
+        ("item_index", pa.int32()),  # the item's place in its post (0 for a one-video post)
         ("text", pa.string()),
         ("language", pa.string()),
         ("segments", pa.string()),
@@ -179,7 +186,7 @@ class PassingFailure(Exception):
 
 
 class TranscriptsIncomplete(RuntimeError):
-    """Some posts of the chunk still have no transcript after passing failures; a rerun retries them."""
+    """Some items of the chunk still have no transcript after passing failures; a rerun retries them."""
 
 
 # ffmpeg's words for a read that failed because of the file system, not because of the audio.
@@ -188,11 +195,11 @@ _PASSING_AUDIO_ERROR = re.compile(
     r"Connection timed out|Permission denied|No such file or directory", re.IGNORECASE)
 
 
-def transcribe_post(backend: LazyBackend | Backend, post: dict[str, Any]) -> dict[str, Any]:
-    """One journal record for one inventory row. Bad audio is a record (status ``error``); a failure
-    that is not the audio's raises PassingFailure."""
+def transcribe_item(backend: LazyBackend | Backend, item: dict[str, Any]) -> dict[str, Any]:
+    """One journal record for one media item (``chunk_items``). Bad audio is a record (status
+    ``error``); a failure that is not the audio's raises PassingFailure."""
     record: dict[str, Any] = {
-        "post_id": post["post_id"],
+        "post_id": item["post_id"],
         "text": None,
         "language": None,
         "segments": None,
@@ -200,11 +207,11 @@ def transcribe_post(backend: LazyBackend | Backend, post: dict[str, Any]) -> dic
         "error": None,
         "audio_s": 0.0,
     }
-    if post.get("has_audio") is False:
+    if item.get("has_audio") is False:
         record["status"] = "no_audio"
         return record
     try:
-        audio, warning = load_audio(post["video_path"], SAMPLE_RATE, expected_s=post.get("duration_s"))
+        audio, warning = load_audio(item["path"], SAMPLE_RATE, expected_s=item.get("duration_s"))
     except NoAudioStream:
         record["status"] = "no_audio"
         return record
@@ -241,15 +248,16 @@ RETRY_PAUSE_S = 0.5
 RERUN_ATTEMPT_FACTOR = 2
 
 
-def transcribe_with_retries(backend: LazyBackend | Backend, post: dict[str, Any], attempts_before: int) -> dict:
-    """``transcribe_post`` with passing failures tried again; their record is ``retryable`` until the
+def transcribe_with_retries(backend: LazyBackend | Backend, item: dict[str, Any], attempts_before: int) -> dict:
+    """``transcribe_item`` with passing failures tried again; their record is ``retryable`` until the
     attempts over all runs reach the bound."""
     for attempt in range(1, TRIES_PER_RUN + 1):
         try:
-            record = transcribe_post(backend, post)
+            record = transcribe_item(backend, item)
         except PassingFailure as exc:
             failure = str(exc)
-            log.warning("post %s: %s (attempt %d of %d in this job)", post["post_id"], failure, attempt, TRIES_PER_RUN)
+            log.warning("post %s, item %s (%s): %s (attempt %d of %d in this job)", item["post_id"], item["index"],
+                        item["path"], failure, attempt, TRIES_PER_RUN)
             if attempt < TRIES_PER_RUN:
                 time.sleep(RETRY_PAUSE_S * attempt)
             continue
@@ -258,17 +266,19 @@ def transcribe_with_retries(backend: LazyBackend | Backend, post: dict[str, Any]
     retryable = attempts < RERUN_ATTEMPT_FACTOR * TRIES_PER_RUN
     if not retryable:
         failure += f"; {attempts} attempts over several runs, giving up"
-    return {"post_id": post["post_id"], "text": None, "language": None, "segments": None, "status": "error",
+    return {"post_id": item["post_id"], "text": None, "language": None, "segments": None, "status": "error",
             "error": failure, "audio_s": 0.0, "attempts": attempts, "retryable": retryable}
 
 
-def chunk_posts(inventory_path: str | os.PathLike, chunk: int, n_chunks: int) -> list[dict[str, Any]]:
-    """Inventory rows of ``chunk`` that probed without error, in inventory order."""
-    table = pq.read_table(inventory_path, columns=["post_id", "video_path", "has_audio", "duration_s", "probe_error"])
+def chunk_items(inventory_path: str | os.PathLike, chunk: int, n_chunks: int) -> list[dict[str, Any]]:
+    """The usable video and audio items of the posts of ``chunk`` (by post_id), in inventory order:
+    post_id, index, path, kind, has_audio, duration_s."""
+    table = items_table(pq.read_table(inventory_path))
+    keep = ["post_id", "index", "path", "kind", "has_audio", "duration_s", "probe_error"]
     return [
         row
-        for row in table.to_pylist()
-        if row["probe_error"] is None and stable_chunk(row["post_id"], n_chunks) == chunk
+        for row in table.select(keep).to_pylist()
+        if row["probe_error"] is None and row["kind"] in SOUND_KINDS and stable_chunk(row["post_id"], n_chunks) == chunk
     ]
 
 
@@ -279,50 +289,46 @@ def run_chunk(
     output_path: str | os.PathLike,
     backend: Backend | None = None,
 ) -> None:
-    """Transcribe the posts of ``chunk``; resume from the journal; write the chunk Parquet at the end.
+    """Transcribe the items of ``chunk``; resume from the journal; write the chunk Parquet at the end.
 
     A journaled transcript is reused only for the same audio item (path, size, modification time, or
     content: ``classify.media_identity``) and the same transcription settings
     (vidlabel.core.identity.transcription_settings). Raises TranscriptsIncomplete, after journaling
-    the rest, when a passing failure left a post without transcript. ``backend`` replaces the
+    the rest, when a passing failure left an item without transcript. ``backend`` replaces the
     configured one (for callers that hold a loaded model).
     """
     cfg = config["transcribe"]
     n_chunks = cfg["chunks"]
     if not 0 <= chunk < n_chunks:
         raise ValueError(f"chunk {chunk} is outside 0..{n_chunks - 1} (transcribe.chunks = {n_chunks})")
-    posts = chunk_posts(inventory_path, chunk, n_chunks)
+    items = chunk_items(inventory_path, chunk, n_chunks)
     model = backend if backend is not None else LazyBackend(cfg)
     settings = identity.transcription_fingerprint(config)
-    audio = identity.media_items([p["video_path"] for p in posts], config["classify"]["media_identity"],
+    audio = identity.media_items([i["path"] for i in items], config["classify"]["media_identity"],
                                  threads=cfg["threads"] * 4)
-    with Journal(journal_beside(output_path), key="post_id") as journal:
+    ids = [identity.transcript_id(audio[i["path"]], settings) for i in items]
+    with Journal(journal_beside(output_path), key="transcript_id") as journal:
         journaled = journal.read()
         done: dict[str, dict] = {}
-        todo: list[tuple[dict, int]] = []
-        stale = 0
-        for post in posts:
-            prev = journaled.get(post["post_id"])
-            same = (prev is not None and prev.get("settings") == settings
-                    and prev.get("audio") == audio[post["video_path"]])
-            if same and not prev.get("retryable"):
-                done[post["post_id"]] = prev
-                continue
-            stale += prev is not None and not same
-            todo.append((post, int(prev.get("attempts") or 0) if same else 0))
+        todo: dict[str, tuple[dict, int]] = {}  # one transcription per audio file and settings
+        for item, tid in zip(items, ids):
+            prev = journaled.get(tid)
+            if prev is not None and not prev.get("retryable"):
+                done[tid] = prev
+            elif tid not in todo:
+                todo[tid] = (item, int(prev.get("attempts") or 0) if prev else 0)
         log.info(
-            "chunk %d/%d: %d posts, %d in the journal under the same audio and settings, %d to transcribe with %s "
-            "(%d of them journaled from other audio or settings)",
-            chunk, n_chunks, len(posts), len(done), len(todo), cfg["backend"], stale,
+            "chunk %d/%d: %d items with sound (%d distinct files under these settings), %d in the journal under the "
+            "same audio and settings, %d to transcribe with %s",
+            chunk, n_chunks, len(items), len(set(ids)), len(done), len(todo), cfg["backend"],
         )
         started = last = time.monotonic()
         audio_total = 0.0
-        for n, (post, attempts_before) in enumerate(todo, 1):
-            item = audio[post["video_path"]]
-            record = transcribe_with_retries(model, post, attempts_before)
-            record.update(settings=settings, audio=item, transcript_id=identity.transcript_id(item, settings))
+        for n, (tid, (item, attempts_before)) in enumerate(todo.items(), 1):
+            record = transcribe_with_retries(model, item, attempts_before)
+            record.update(settings=settings, audio=audio[item["path"]], transcript_id=tid)
             journal.append(record)
-            done[record["post_id"]] = record
+            done[tid] = record
             audio_total += record["audio_s"] or 0.0
             now = time.monotonic()
             if now - last >= PROGRESS_INTERVAL_S or n == len(todo):
@@ -333,12 +339,12 @@ def run_chunk(
                     chunk, n, len(todo), n / elapsed, audio_total / elapsed,
                     elapsed / audio_total if audio_total else float("nan"),
                 )
-    rows = [done[p["post_id"]] for p in posts]
+    rows = [{**done[tid], "post_id": item["post_id"], "item_index": item["index"]} for item, tid in zip(items, ids)]
     waiting = [r for r in rows if r.get("retryable")]
     if waiting:
         raise TranscriptsIncomplete(
-            f"chunk {chunk}: {len(waiting)} post(s) still have no transcript after passing failures ("
-            + "; ".join(f"{r['post_id']}: {r['error']}" for r in waiting[:5])
+            f"chunk {chunk}: {len(waiting)} item(s) still have no transcript after passing failures ("
+            + "; ".join(f"{r['post_id']} item {r['item_index']}: {r['error']}" for r in waiting[:5])
             + (", ..." if len(waiting) > 5 else "")
             + f"); rerun the job to retry them (the finished ones are kept in {journal_beside(output_path)})")
     table = pa.Table.from_pylist([{k: r.get(k) for k in OUTPUT_SCHEMA.names} for r in rows], schema=OUTPUT_SCHEMA)

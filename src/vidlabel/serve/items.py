@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vidlabel.prepare import post_plan
 from vidlabel.serve.error_kinds import named_paths
 
 log = logging.getLogger(__name__)
@@ -123,13 +124,8 @@ class MediaLimits:
 
 def manifest_limits(manifest_dir: str | Path) -> MediaLimits | None:
     """The whole data set's limits as the manifest wrote them, or None where this manifest has none."""
-    from vidlabel.prepare import post_plan
-
-    reader = getattr(post_plan, "server_media_limits", None)
-    if reader is None:
-        return None
     try:
-        found = reader(manifest_dir)
+        found = post_plan.server_media_limits(manifest_dir)
     except FileNotFoundError:
         return None
     missing = [k for k in LIMIT_KEYS if k not in found]

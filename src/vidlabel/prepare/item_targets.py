@@ -1,0 +1,185 @@
+"""Posts of several media items: each post's plan, and the file the server reads for each item.
+
+Shared by the transcode stage (which writes the files) and the manifest (which sends them), so that
+both plan a post the same way. A post whose usable items are one video alone goes the one-video way
+(``vidlabel.prepare.planning.plan_posts``, vectorised over millions of posts); every other post (a
+photo, a slideshow, a carousel, several clips, audio alone) is planned here, post by post, with
+``post_plan.plan_post``.
+
+For each item the plan says what the server is sent (``ItemWork.action``):
+
+- ``as-is``: the original file;
+- ``transcode`` (a video): re-encoded at the planned frame rate and pixel bound
+  (``transcode.transcode_file``) when the plan lowered them, when the server's decoder cannot read the
+  original (``planning.server_media_problem`` and ``vidlabel.serve.decode.unreadable``, the one-video
+  rules applied to every video item), or always with ``planning.transcode.enabled``;
+- ``animation`` (an animated GIF, WebP, PNG or AVIF: a video item): its frames as H.264
+  (``images.convert_animation``; FFmpeg 5 cannot decode animated WebP);
+- ``convert`` (an image): an upright 8-bit RGB JPEG (``images.convert_image``) where the server would
+  misread the original (``items.item_image_problem``), at the planned size where the plan lowered the
+  image pixel bound (multiples of 28, which the server's resize keeps as they are).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from vidlabel.prepare import planning, post_plan
+from vidlabel.prepare import tokens as tk
+from vidlabel.prepare.images import ANIMATED_FORMATS
+from vidlabel.prepare.items import item_image_problem
+from vidlabel.prepare.post_prompt import item_labels
+from vidlabel.prepare.prompt import TRANSCRIPT_UNAVAILABLE, render_prompt
+from vidlabel.serve import decode
+
+ANIMATION_CODECS = frozenset(f.lower() for f in ANIMATED_FORMATS)
+#: Transcript statuses whose text is known (``no_audio``: known to be none).
+KNOWN_TRANSCRIPT = ("ok", "no_audio")
+
+
+@dataclass
+class MixedPost:
+    """A post planned here: its usable items (inventory item rows), in order, with their labels."""
+
+    post_id: str
+    caption: str | None
+    items: list[dict[str, Any]]
+    labels: list[str]
+
+    @property
+    def kinds(self) -> list[str]:
+        return [i["kind"] for i in self.items]
+
+
+@dataclass(frozen=True)
+class ItemWork:
+    """What the transcode stage writes for one item, and why."""
+
+    post_id: str
+    index: int
+    kind: str
+    path: str
+    action: str  # transcode | animation | convert
+    why: str
+    fps: float = 0.0  # video targets
+    width: int = 0  # video and resized image targets (0: the image keeps its size)
+    height: int = 0
+    trim_s: float | None = None  # a one-video post's plan may cut the video short
+    plan_action: str = "replan"  # the post's plan: as-is (the file alone is the problem) or replan
+
+
+def split_posts(items: pa.Table) -> tuple[np.ndarray, list[MixedPost]]:
+    """(the item rows, among ``items`` (``inventory.items_table``), of the posts that are one usable video
+    alone, the other posts with usable items). Items with a probe error are left out of both."""
+    rows = items.to_pylist()
+    by_post: dict[str, list[int]] = {}
+    for i, row in enumerate(rows):
+        if row["kind"] is not None and row["probe_error"] is None:
+            by_post.setdefault(row["post_id"], []).append(i)
+    one_video, mixed = [], []
+    for post_id, positions in by_post.items():
+        if len(positions) == 1 and rows[positions[0]]["kind"] == "video":
+            one_video.append(positions[0])
+            continue
+        post_items = [rows[i] for i in positions]
+        mixed.append(MixedPost(post_id, post_items[0]["caption"], post_items,
+                               item_labels(i["kind"] for i in post_items)))
+    return np.asarray(one_video, dtype=np.int64), mixed
+
+
+def spoken_text(post: MixedPost, transcripts: dict[tuple[str, int], dict] | None) -> tuple[str, str]:
+    """(the post's transcripts, each on a line under its item's label, the post's transcript_status).
+
+    ``transcripts``: (post_id, item_index) -> the transcript row; None before transcription (no text).
+    An item whose transcript is missing or failed says so on its line ("(transcript unavailable)");
+    the post's status is then ``unavailable``, else ``ok`` where any item has a transcript, else
+    ``no_audio``.
+    """
+    lines, statuses = [], []
+    for item, label in zip(post.items, post.labels):
+        if item["kind"] not in post_plan.SOUND_KINDS or transcripts is None:
+            continue
+        row = transcripts.get((post.post_id, item["index"]))
+        status = row["status"] if row else None
+        statuses.append(status if status in KNOWN_TRANSCRIPT else "unavailable")
+        if status == "ok" and (row["text"] or "").strip():
+            lines.append(f"{label}: {row['text'].strip()}")
+        elif status not in KNOWN_TRANSCRIPT:
+            lines.append(f"{label}: {TRANSCRIPT_UNAVAILABLE}")
+    status = ("unavailable" if "unavailable" in statuses else "ok" if "ok" in statuses else "no_audio")
+    return "\n".join(lines), status
+
+
+def prompt_and_text_tokens(config: dict, post: MixedPost, spoken: str, allowance_s: float = 0.0) -> tuple[str, int]:
+    """(the rendered prompt, the request's text tokens): the labels sent before each image or video and
+    the prompt, with the chat template's overhead less its one pair of vision markers (each item counts
+    its own pair in its tokens); ``allowance_s`` seconds of speech stand in for transcripts not yet made."""
+    c = config["classify"]
+    prompt = render_prompt(c["prompt_template"], post.caption, spoken, c["questions"])
+    sent = [label for item, label in zip(post.items, post.labels) if item["kind"] in post_plan.SENT_KINDS]
+    text = int(tk.estimate_text(config, ["".join(f"{label}:" for label in sent) + prompt])[0])
+    text += int(np.ceil(allowance_s * planning.SPEECH_TOKENS_PER_S))
+    return prompt, text - (tk.IMAGE_MARKER_TOKENS if sent else 0)
+
+
+def sound_seconds(post: MixedPost) -> float:
+    """Seconds of the post's items with sound: the speech allowance before transcription."""
+    return float(sum(i["duration_s"] or 0.0 for i in post.items
+                     if i["kind"] in post_plan.SOUND_KINDS and i["has_audio"] is not False))
+
+
+def plan(config: dict, post: MixedPost, text_tokens: int) -> post_plan.PostPlan:
+    items = [post_plan.Item(i["kind"], i["width"] or 0, i["height"] or 0, i["duration_s"] or 0, i["fps"] or 0)
+             for i in post.items]
+    return post_plan.plan_post(config, items, text_tokens)
+
+
+def video_problems(config: dict, posts: list[MixedPost]) -> dict[tuple[str, int], str]:
+    """Why the server's decoder cannot be sent a video item of ``posts`` as it is, by (post_id, index)."""
+    videos = [(p.post_id, i) for p in posts for i in p.items if i["kind"] == "video"]
+    if not videos:
+        return {}
+    table = pa.Table.from_pylist([i for _, i in videos])
+    formats = planning.formats_from_table(table)
+    problem = planning.server_media_problem(formats.codec, table.column("duration_s").to_pylist(),
+                                            table.column("fps").to_pylist())
+    problem = np.where(problem == None, decode.unreadable(config, formats), problem)  # noqa: E711
+    return {(pid, item["index"]): why for (pid, item), why in zip(videos, problem) if why is not None}
+
+
+def work(config: dict, post: MixedPost, post_plan_: post_plan.PostPlan,
+         problems: dict[tuple[str, int], str]) -> list[ItemWork]:
+    """The items of ``post`` that the server must not be sent as they are (module docstring)."""
+    if post_plan_.action == "too_long":
+        return []
+    s = tk.Sampling.from_config(config)
+    bounds = tk.ImageBounds.from_config(config)
+    enabled = bool(config["planning"]["transcode"]["enabled"])
+    out = []
+    for item, planned in zip(post.items, post_plan_.items):
+        key = (post.post_id, item["index"])
+        if item["kind"] == "video":
+            src_fps = item["fps"] or 0.0
+            lowered = planned.max_pixels != s.max_pixels or planned.fps < min(s.fps, src_fps or s.fps) - 1e-9
+            why = ("; ".join(w for w in (post_plan_.plan if lowered else None, problems.get(key),
+                                          "planning.transcode.enabled" if enabled else None) if w))
+            if not why:
+                continue
+            fps, width, height = planning.transcode_target(config, [planned.fps], planned.max_pixels,
+                                                           [item["width"] or 0], [item["height"] or 0], [src_fps],
+                                                           [item["duration_s"] or 0])
+            action = "animation" if (item["video_codec"] or "").lower() in ANIMATION_CODECS else "transcode"
+            out.append(ItemWork(post.post_id, item["index"], "video", item["path"], action, why, float(fps[0]),
+                                int(width[0]), int(height[0]), plan_action=post_plan_.action))
+        elif item["kind"] == "image":
+            lowered = planned.max_pixels < bounds.max_pixels
+            why = "; ".join(w for w in (post_plan_.plan if lowered else None, item_image_problem(item)) if w)
+            if why:
+                out.append(ItemWork(post.post_id, item["index"], "image", item["path"], "convert", why, 0.0,
+                                    planned.width if lowered else 0, planned.height if lowered else 0,
+                                    plan_action=post_plan_.action))
+    return out
