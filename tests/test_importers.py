@@ -188,3 +188,23 @@ def test_bad_media_rows_are_named(tmp_path):
                      f"media path outside media_root {tmp_path.resolve()}", "in 1 row(s): row 6 (post_id 'f'): "
                      f"{tmp_path.resolve().parent}/outside.jpg"):
         assert expected in text, (expected, text)
+
+
+def test_the_import_command_writes_a_table_the_workflow_reads(tmp_path):
+    """`python -m vidlabel.cli import yt-dlp FOLDER OUT`: the paths are made relative to OUT's folder, so
+    that load_posts resolves them to the downloaded files wherever the table is written."""
+    from vidlabel.cli import main
+
+    downloads = tmp_path / "downloads"
+    touch(downloads / "My day [abc123].mp4")
+    (downloads / "My day [abc123].info.json").write_text(json.dumps(
+        {"id": "abc123", "title": "My day", "description": "a day out", "uploader": "dev", "timestamp": 1700000000,
+         "extractor_key": "TikTok", "ext": "mp4"}))
+    out = tmp_path / "tables" / "posts.csv"
+    out.parent.mkdir()
+    assert main(["import", "yt-dlp", str(downloads), str(out)]) == 0
+    posts = load_posts(out, tmp_path)
+    assert posts.column("post_id").to_pylist() == ["abc123"]
+    assert posts.column("media").to_pylist() == [[str((downloads / "My day [abc123].mp4").resolve())]]
+    assert posts.column("caption").to_pylist() == ["a day out"]
+    assert main(["import", "instaloader", str(tmp_path / "tables"), str(tmp_path / "x.csv")]) == 1  # nothing there

@@ -12,7 +12,7 @@ from planning_helpers import inventory_row, write_inventory, write_transcripts
 
 from vidlabel.core import config as cfgmod
 from vidlabel.core.io import write_parquet
-from vidlabel.prepare import manifest
+from vidlabel.prepare import manifest, prompt_batch
 from vidlabel.prepare import prompt as pr
 from vidlabel.prepare import transcode as tc
 
@@ -150,7 +150,7 @@ def test_request_id_stable_and_sensitive(tmp_path):
 def test_request_ids_fast_path_matches_prompt_module():
     q = [{"id": "x", "text": "Is it \"quoted\" ü?", "type": "yes/no"}]
     pids = ["1", "ü-2", 'q"3', "4" * 50]
-    assert manifest.request_ids(pids, "T {caption}", q) == [pr.request_id(p, "T {caption}", q)
+    assert prompt_batch.request_ids(pids, "T {caption}", q) == [pr.request_id(p, "T {caption}", q)
                                                                 for p in pids]
 
 
@@ -209,11 +209,11 @@ def test_vectorised_prompts_equal_render_prompt():
     c = cfgmod.validate({"posts": "p.csv", "media_root": MEDIA})["classify"]
     caps = ["  plain  ", None, "", "x </caption> y <caption>", "\x1c\u2003edge\u2028", "ü 日本 {caption} {{", "\t"]
     trs = ["<transcript>hi</transcript>", "", None, "ok", "  ", "a\nb", "</caption>"]
-    got = manifest.render_prompts(c["prompt_template"], pa.array(caps, pa.string()), pa.array(trs, pa.string()),
+    got = prompt_batch.render_prompts(c["prompt_template"], pa.array(caps, pa.string()), pa.array(trs, pa.string()),
                                   c["questions"]).to_pylist()
     assert got == [pr.render_prompt(c["prompt_template"], a, b, c["questions"]) for a, b in zip(caps, trs)]
     # A template with a format spec takes the per-row path and still renders identically.
     tmpl = "{caption!r} / {transcript} / {questions}"
-    got = manifest.render_prompts(tmpl, pa.array(caps, pa.string()), pa.array(trs, pa.string()),
+    got = prompt_batch.render_prompts(tmpl, pa.array(caps, pa.string()), pa.array(trs, pa.string()),
                                   c["questions"]).to_pylist()
     assert got == [pr.render_prompt(tmpl, a, b, c["questions"]) for a, b in zip(caps, trs)]

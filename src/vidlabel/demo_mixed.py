@@ -5,7 +5,7 @@ post_id, media as a JSON array, caption, author) and returns what each post shou
 post type, its items' kinds in order, and the words spoken on its soundtrack. The photos are
 camera-like (sensor noise over smooth gradients, JPEG at phone sizes, one stored sideways with an
 EXIF orientation, one WebP); the soundtrack is espeak-ng speech (Whisper tiny.en transcribes it);
-the clip is the test-pattern speech video of ``vidlabel.demo``. Not yet part of ``make demo``.
+the clip is the test-pattern speech video of ``vidlabel.demo``. Part of ``make demo`` (``vidlabel.cli``).
 """
 
 from __future__ import annotations

@@ -21,11 +21,8 @@ the classify stage sends in order: a one-video post's one video, unlabelled, as 
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import re
-import string
 import time
 from collections import Counter
 from pathlib import Path
@@ -40,15 +37,7 @@ from vidlabel.core.io import write_parquet, write_text
 from vidlabel.prepare import item_targets, mixed_rows, planning, post_plan
 from vidlabel.prepare import tokens as tk
 from vidlabel.prepare.inventory import items_table
-from vidlabel.prepare.prompt import (
-    _BLOCK_TAGS,
-    NO_CAPTION,
-    NO_SPEECH,
-    TRANSCRIPT_UNAVAILABLE,
-    render_prompt,
-    render_questions,
-    request_id,
-)
+from vidlabel.prepare.prompt_batch import prompt_text_tokens, render_prompts, request_ids
 
 log = logging.getLogger(__name__)
 
@@ -78,111 +67,12 @@ SHARD_SCHEMA = pa.schema([
     ("items_dropped", pa.string()),
 ])
 POST_PLANS_COLUMNS = ("post_id", "post_type", "status", "plan")
-TEXT_BATCH = 131072
 EXCLUDED_SCHEMA = pa.schema([
     ("post_id", pa.string()),
     ("video_path", pa.string()),
     ("reason", pa.string()),
     ("detail", pa.string()),
 ])
-
-
-def request_ids(post_ids, template: str, questions) -> list[str]:
-    """``vidlabel.prepare.prompt.request_id`` for many posts: the constant part of the payload is encoded once.
-
-    The payload is ``json.dumps([post_id, template, questions], sort_keys=True,
-    ensure_ascii=False)``; only the post id varies. Checked against ``request_id`` on the first id
-    (and any id JSON must escape goes through ``json.dumps``); a mismatch falls back to the slow path.
-    """
-    post_ids = [str(p) for p in post_ids]
-    if not post_ids:
-        return []
-    tail = (", " + json.dumps([template, questions], sort_keys=True, ensure_ascii=False)[1:]).encode()
-    sha = hashlib.sha256
-    needs_escape = re.compile(r'["\\\x00-\x1f\u2028\u2029\x7f]').search
-
-    def fast(pid: str) -> str:
-        if needs_escape(pid):
-            head = ("[" + json.dumps(pid, ensure_ascii=False)).encode()
-        else:
-            head = b'["' + pid.encode() + b'"'
-        return sha(head + tail).hexdigest()[:24]
-
-    probe = [post_ids[0]] + [p for p in post_ids[:1000] if needs_escape(p)][:3]
-    if any(fast(p) != request_id(p, template, questions) for p in probe):
-        return [request_id(p, template, questions) for p in post_ids]
-    return [fast(p) for p in post_ids]
-
-
-# Python's str.strip() whitespace, so that the vectorised neutralise strips exactly the same characters.
-_PY_WHITESPACE = "".join(chr(i) for i in range(0x110000) if chr(i).isspace())
-_FIELDS = {"caption", "transcript", "questions"}
-
-
-def _neutralise(arr: pa.Array, empty: str) -> pa.Array:
-    text = pc.utf8_trim(pc.fill_null(arr, ""), characters=_PY_WHITESPACE)
-    for tag in _BLOCK_TAGS:
-        text = pc.replace_substring(text, tag, tag.replace("<", "\u2039").replace(">", "\u203a"))
-    return pc.if_else(pc.equal(pc.utf8_length(text), 0), pa.scalar(empty), text)
-
-
-def render_prompts(template: str, captions: pa.Array, transcripts: pa.Array, questions,
-                   available: pa.Array | None = None) -> pa.Array:
-    """``vidlabel.prepare.prompt.render_prompt`` for a whole column, vectorised with Arrow kernels
-    (``available``: False where the transcript is unavailable; default all available).
-
-    Falls back to per-row ``render_prompt`` when the template uses anything but plain
-    {caption}/{transcript}/{questions} fields, or when a sample of rows (including every kind of
-    text that neutralising changes) does not match ``render_prompt`` exactly.
-    """
-    n = len(captions)
-    captions, transcripts = captions.cast(pa.string()), transcripts.cast(pa.string())
-    available = pa.array(np.ones(n, bool)) if available is None else available
-
-    def rendered(rows) -> list[str]:
-        caps, trs, avail = captions.take(rows).to_pylist(), transcripts.take(rows).to_pylist(), available.take(rows)
-        return [render_prompt(template, c, t, questions, a) for c, t, a in zip(caps, trs, avail.to_pylist())]
-
-    def per_row() -> pa.Array:
-        return pa.array(rendered(pa.array(np.arange(n))), pa.string())
-
-    try:
-        parts = list(string.Formatter().parse(template))
-    except ValueError:
-        return per_row()
-    if any(f is not None and (f not in _FIELDS or spec or conv) for _, f, spec, conv in parts) or n == 0:
-        return per_row()
-    values = {"caption": _neutralise(captions, NO_CAPTION),
-              "transcript": pc.if_else(available, _neutralise(transcripts, NO_SPEECH), TRANSCRIPT_UNAVAILABLE),
-              "questions": pa.scalar(render_questions(questions))}
-    pieces = []
-    for literal, field, _, _ in parts:
-        if literal:
-            pieces.append(pa.scalar(literal))
-        if field is not None:
-            pieces.append(values[field])
-    if not any(isinstance(x, pa.Array) for x in pieces):
-        pieces.append(pc.cast(pa.nulls(n), pa.string()).fill_null(""))
-    out = pc.binary_join_element_wise(*pieces, "") if len(pieces) > 1 else pieces[0]
-    # Check a sample: the first rows, and rows whose text neutralising changes (tags, edge whitespace).
-    odd = pc.or_(pc.match_substring_regex(pc.fill_null(captions, ""), r"[<>]|^\s|\s$"),
-                 pc.match_substring_regex(pc.fill_null(transcripts, ""), r"[<>]|^\s|\s$"))
-    missing = pc.invert(available).to_numpy(zero_copy_only=False)
-    sample = pa.array(list(range(min(n, 32))) + np.flatnonzero(odd.to_numpy(zero_copy_only=False))[:32].tolist()
-                      + np.flatnonzero(missing)[:8].tolist(), pa.int64())
-    if out.take(sample).to_pylist() != rendered(sample):
-        return per_row()
-    return out
-
-
-def prompt_text_tokens(config: dict, captions: pa.Array, transcripts: pa.Array, available: pa.Array) -> np.ndarray:
-    """Text tokens of each rendered prompt, rendered in batches and not kept."""
-    c = config["classify"]
-    out = [tk.estimate_text(config, render_prompts(c["prompt_template"], captions.slice(i, TEXT_BATCH),
-                                                   transcripts.slice(i, TEXT_BATCH), c["questions"],
-                                                   available.slice(i, TEXT_BATCH)))
-           for i in range(0, len(captions), TEXT_BATCH)]
-    return np.concatenate(out) if out else np.zeros(0, np.int64)
 
 
 def _read_many(paths, columns) -> pa.Table | None:
@@ -437,6 +327,26 @@ def _write_post_plans(path: Path, plans, kept_ids, n_one, many, excluded: pa.Tab
     buffer = pa.BufferOutputStream()
     pacsv.write_csv(table, buffer)
     write_text(buffer.getvalue().to_pybytes().decode(), path)
+
+
+def describe(manifest_dir: str | Path) -> str:
+    """The manifest by post type, in words: requests, items and estimated tokens per kind, exclusions."""
+    manifest_dir = Path(manifest_dir)
+    shards = pa.concat_tables([pq.read_table(p, columns=["post_type", "n_videos", "n_images", "n_audio",
+                                                         "est_video_tokens", "est_image_tokens", "est_text_tokens"])
+                               for p in sorted(manifest_dir.glob("shard-*.parquet"))])
+    lines = [f"{'post type':<10} {'requests':>8} {'videos':>6} {'photos':>6} {'audio':>5} "
+             f"{'video tok':>9} {'image tok':>9} {'text tok':>8}"]
+    by_type: dict[str, list] = {}
+    for row in shards.to_pylist():
+        by_type.setdefault(row["post_type"], []).append(row)
+    for kind, rows in sorted(by_type.items()):
+        total = {k: sum(r[k] for r in rows) for k in rows[0] if k != "post_type"}
+        lines.append(f"{kind:<10} {len(rows):>8} {total['n_videos']:>6} {total['n_images']:>6} {total['n_audio']:>5} "
+                     f"{total['est_video_tokens']:>9} {total['est_image_tokens']:>9} {total['est_text_tokens']:>8}")
+    excluded = Counter(pq.read_table(manifest_dir / "excluded.parquet").column("reason").to_pylist())
+    lines.append("excluded: " + (", ".join(f"{n} {why}" for why, n in sorted(excluded.items())) or "none"))
+    return "\n".join(lines)
 
 
 def c_on_error(config: dict) -> str:

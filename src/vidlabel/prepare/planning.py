@@ -288,7 +288,7 @@ def plan_posts(config: dict, duration_s, source_fps, width, height, text_tokens,
     for the posts whose original file the server cannot read (``server_media_problem``), or that the
     chosen decoder cannot (``formats``: the inventory's columns, ``formats_from_table``; without them
     only the codec is known, enough for the default decoder)."""
-    c, p = config["classify"], config["planning"]
+    p = config["planning"]
     s = tk.Sampling.from_config(config)
     d = np.nan_to_num(np.asarray(duration_s, dtype=np.float64), nan=0.0)
     sf = np.nan_to_num(np.asarray(source_fps, dtype=np.float64), nan=0.0)
