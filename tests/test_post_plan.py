@@ -55,6 +55,17 @@ def test_a_post_that_fits_goes_as_it_is(cfg):
     assert plan.tokens_by_kind == {"image": 2693, "video": 10 * 720 + 2}
 
 
+def test_an_image_bound_that_is_not_whole_cells_keeps_photos_that_fit_as_they_are(cfg):
+    """A configured image bound need not be a multiple of a 28x28 cell: a post that fits under it goes
+    as it is, never 'replanned' to the whole cells below the bound (which would convert every photo)."""
+    cfg["planning"]["image_max_pixels"] = 2_000_000 + 123
+    plan = pp.plan_post(cfg, [PHOTO, PHOTO], 300)
+    assert (plan.action, plan.plan) == ("as-is", "as-is")
+    assert [p.max_pixels for p in plan.items] == [2_000_123, 2_000_123]
+    cells = int(tk.image_cells([1080], [1920], tk.ImageBounds(max_pixels=2_000_123))[0])
+    assert plan.tokens_by_kind == {"image": 2 * (cells + 2)}
+
+
 def test_a_long_clip_in_a_carousel_gets_fewer_frames(cfg):
     plan = pp.plan_post(cfg, [pp.Item("video", 720, 1280, 120.0, 30.0), PHOTO, PHOTO], 300)
     assert plan.action == "replan" and "videos fps 2->" in plan.plan and "images" not in plan.plan

@@ -231,10 +231,12 @@ def _image_plan(config: dict, images: list[Item], room: int, cache: int):
         cells = tk.image_cells(w, h, bounds, n_cells * CELL)
         return cells, int(cells.sum()) + tk.IMAGE_MARKER_TOKENS * len(images)
 
-    hi = bounds.max_pixels // CELL
-    lo = max(1, -(-min(int(config["planning"]["min_pixels"]), bounds.max_pixels) // CELL))
-    cells, total = at(hi)
+    cells = tk.image_cells(w, h, bounds)
+    total = int(cells.sum()) + tk.IMAGE_MARKER_TOKENS * len(images)
+    bound = bounds.max_pixels  # as they are, unless that does not fit
     if not (total <= room and cells.max() <= cache):
+        hi = bounds.max_pixels // CELL
+        lo = max(1, -(-min(int(config["planning"]["min_pixels"]), bounds.max_pixels) // CELL))
         cells, total = at(lo)
         if not (total <= room and cells.max() <= cache):
             return None
@@ -242,12 +244,12 @@ def _image_plan(config: dict, images: list[Item], room: int, cache: int):
             mid = (lo + hi) // 2
             c, t = at(mid)
             lo, hi = (mid, hi) if (t <= room and c.max() <= cache) else (lo, mid)
-        hi = lo
-        cells, total = at(hi)
-    rh, rw = tk.smart_resize(h, w, bounds.min_pixels, hi * CELL)
-    plans = [ItemPlan("image", int(c) + tk.IMAGE_MARKER_TOKENS, int(c), int(x), int(y), 0.0, hi * CELL)
+        cells, total = at(lo)
+        bound = lo * CELL
+    rh, rw = tk.smart_resize(h, w, bounds.min_pixels, bound)
+    plans = [ItemPlan("image", int(c) + tk.IMAGE_MARKER_TOKENS, int(c), int(x), int(y), 0.0, bound)
              for c, x, y in zip(cells, rw, rh)]
-    return total, plans, hi * CELL
+    return total, plans, bound
 
 
 def visual_budget(config: dict, text_tokens: int) -> int:
