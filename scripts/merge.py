@@ -6,4 +6,4 @@ from vidlabel.core.settings import for_job
 configure(snakemake.log[0])
 config = for_job(snakemake.config, "merge", snakemake.wildcards.model)
 merge(config, snakemake.input.inventory, snakemake.input.excluded, list(snakemake.input.labels),
-      snakemake.output[0])
+      snakemake.output[0], manifest_paths=list(snakemake.input.manifest))

@@ -153,7 +153,8 @@ def test_report_renders_every_figure(finished):
     report = workdir / "results" / "report.html"
     assert report.exists() and report.stat().st_size > 10_000
     html = report.read_text(errors="replace")
-    for name in ("input_tokens.png", "output_tokens.png", "prevalence.png", "throughput.png", "errors.png"):
+    for name in ("input_tokens.png", "input_tokens_by_kind.png", "output_tokens.png", "prevalence.png",
+                 "throughput.png", "errors.png", "prevalence_by_type.csv", "post_types.csv"):
         assert name in html, name
 
 

@@ -101,7 +101,7 @@ def test_merge_one_row_per_post(fabricated):
                                   "shows_face", "error_item", "latency_s", "started_at", "finished_at", "prompt_tokens",
                                   "completion_tokens", "answer_probs", "transcript_status", "model",
                                   "model_revision", "server", "server_fingerprint", "settings_fingerprint",
-                                  "prompt_hash", "request_fingerprint", "gpus", "job_id"]
+                                  "prompt_hash", "request_fingerprint", "gpus", "job_id", *merge.POST_COLUMNS]
     rows = table.to_pylist()
     assert [r["post_id"] for r in rows] == f["order"]  # inventory order kept
     by_id = {r["post_id"]: r for r in rows}

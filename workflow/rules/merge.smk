@@ -3,6 +3,8 @@ rule merge:
         inventory=rules.inventory.output[0],
         excluded=rules.manifest.output.excluded,
         labels=label_shards,
+        # The token estimates per kind of each classified post (docs/outputs.md, labels.parquet).
+        manifest=manifest_shards,
     output:
         f"{MODEL_DIR}/labels.parquet",
     params:

@@ -27,6 +27,9 @@ Choices worth knowing (also stated in summary.md):
   counts 0.5.
 - Agreement metrics estimate each metric over all classified posts: weighted by the design when the
   probabilities vary; a labelled post without a model answer counts as a wrong answer.
+- Post types (issue 26, ``post_types``): every share above again over each type's classified posts,
+  the human labels that fall on a type standing for it under the same design; what each type holds
+  and costs; the input tokens by kind are the manifest's estimates (the server reports no split).
 """
 
 from __future__ import annotations
@@ -50,22 +53,34 @@ from vidlabel.analyze.labels_db import (
     relation_columns,
     write_csv,
 )
-from vidlabel.analyze.merge import question_ids
+from vidlabel.analyze.merge import POST_COLUMNS, question_ids
+from vidlabel.analyze.post_types import (
+    POST_TYPE_COLUMNS,
+    PREVALENCE_BY_TYPE_COLUMNS,
+    post_type_rows,
+    prevalence_by_type,
+)
 from vidlabel.analyze.prevalence import PREVALENCE_COLUMNS, prevalence
-from vidlabel.analyze.summary_text import provenance_section, summary_markdown
+from vidlabel.analyze.summary_text import post_type_section, provenance_section, summary_markdown
 from vidlabel.core import duck
 from vidlabel.core.io import write_text
 
 log = logging.getLogger(__name__)
 
-TOKENS_COLUMNS = ["direction", "requests", "total", "mean", "p50", "p90", "p99", "max", "prefill_decode_ratio"]
+TOKENS_COLUMNS = ["direction", "source", "requests", "total", "mean", "p50", "p90", "p99", "max",
+                  "prefill_decode_ratio"]
 THROUGHPUT_COLUMNS = [
     "shard", "job", "requests", "ok", "errors", "input_tokens", "output_tokens", "first_started_at",
     "last_finished_at", "span_s", "busy_s", "gpus", "requests_per_s", "input_tokens_per_s", "output_tokens_per_s",
     "tokens_per_s", "wall_requests_per_s", "gpu_hours", "cost_usd",
 ]
 ERRORS_COLUMNS = ["stage", "reason", "count"]
-PLOTS = ("input_tokens", "output_tokens", "prevalence", "throughput", "errors")
+PLOTS = ("input_tokens", "input_tokens_by_kind", "output_tokens", "prevalence", "throughput", "errors")
+# Columns older merges did not write, with their types: NULL for every post (labels_db.OPTIONAL_LABEL_COLUMNS).
+# Without gpus, cost.gpus_per_job; without job_id, one job per shard; without the post's columns, no type.
+ABSENT_COLUMN_TYPES = {"gpus": "BIGINT", "job_id": "VARCHAR",
+                       **{name: "VARCHAR" if name in ("post_type", "items_dropped") else "BIGINT"
+                          for name in POST_COLUMNS}}
 TIMELINE_BINS = 200
 
 
@@ -78,8 +93,7 @@ def run(config: dict[str, Any], labels_path: str | Path, human_labels_path: str 
     ids = question_ids(config)
     con = duck.connect()
     duck.parquet_view(con, "labels", labels_path)
-    # Merged before jobs recorded them: their GPUs (then cost.gpus_per_job) and their job (then one per shard).
-    absent = [f"NULL::{kind} AS {name}" for name, kind in (("gpus", "BIGINT"), ("job_id", "VARCHAR"))
+    absent = [f"NULL::{kind} AS {name}" for name, kind in ABSENT_COLUMN_TYPES.items()
               if name not in relation_columns(con, "labels")]
     if absent:
         con.read_parquet(str(labels_path)).project(", ".join(["*", *absent])).create_view("labels", replace=True)
@@ -97,18 +111,24 @@ def run(config: dict[str, Any], labels_path: str | Path, human_labels_path: str 
         "gpus_per_job": int(config["cost"]["gpus_per_job"]),
         "gpu_hour_usd": float(config["cost"]["gpu_hour_usd"])})
     errors_rows = query_rows(con, duck.sql("errors"))
+    type_rows = post_type_rows(con)
+    # After every query of the whole population: it leaves ppi_items holding one type's posts.
+    prevalence_type_rows = prevalence_by_type(con, ids, confidence, human)
 
     write_csv(summary_dir / "prevalence.csv", PREVALENCE_COLUMNS, prevalence_rows)
     write_csv(summary_dir / "agreement.csv", AGREEMENT_COLUMNS, agreement_rows)
     write_csv(summary_dir / "tokens.csv", TOKENS_COLUMNS, tokens_rows)
     write_csv(summary_dir / "throughput.csv", THROUGHPUT_COLUMNS, throughput_rows)
     write_csv(summary_dir / "errors.csv", ERRORS_COLUMNS, errors_rows)
+    write_csv(summary_dir / "post_types.csv", POST_TYPE_COLUMNS, type_rows)
+    write_csv(summary_dir / "prevalence_by_type.csv", PREVALENCE_BY_TYPE_COLUMNS, prevalence_type_rows)
 
     status_counts = dict(con.execute("SELECT status, count(*) FROM labels GROUP BY status").fetchall())
     draw_plots(con, summary_dir / "plots", prevalence_rows, errors_rows, confidence,
                human["sampling_probabilities"] if human and human["weighted"] else None)
     write_text(summary_markdown(config, status_counts, prevalence_rows, agreement_rows, tokens_rows,
-                                throughput_rows, errors_rows, human, provenance_section(con, config)),
+                                throughput_rows, errors_rows, human, provenance_section(con, config),
+                                post_type_section(type_rows, prevalence_type_rows, human, confidence)),
                summary_dir / "summary.md")
     log.info("summary written to %s (%d question(s), human labels: %s)", summary_dir, len(ids),
              human["path"] if human else "none")
@@ -118,7 +138,12 @@ def draw_plots(con, plot_dir: Path, prevalence_rows, errors_rows, confidence: fl
                sampling_probabilities: np.ndarray | None = None) -> None:
     tokens = con.execute(duck.sql("token_values")).fetchnumpy()
     plots.token_histogram(float_array(tokens["prompt_tokens"]), plot_dir / "input_tokens.png",
-                          "Input tokens per request", "input (prompt) tokens, video included")
+                          "Input tokens per request", "input (prompt) tokens, media included")
+    estimates = con.execute(duck.sql("token_estimates")).fetchnumpy()
+    plots.token_histograms_by_kind({kind: float_array(estimates[f"est_{kind}_tokens"])
+                                    for kind in ("video", "image", "text")},
+                                   plot_dir / "input_tokens_by_kind.png", "Input tokens per request by kind "
+                                   "(the manifest's estimates)")
     plots.token_histogram(float_array(tokens["completion_tokens"]), plot_dir / "output_tokens.png",
                           "Output tokens per request", "output (completion) tokens")
     plots.prevalence(prevalence_rows, plot_dir / "prevalence.png", confidence, sampling_probabilities)

@@ -185,7 +185,7 @@ def _read_summary(con, ids: Sequence[str], model: dict, summary_dir: Path, confi
         raise CompareError(f"{summary_dir / 'prevalence.csv'} (model {name}) has intervals at confidence "
                            f"{sorted(levels)}, not stats.confidence {confidence}: rerun the model's aggregate")
     con.execute(ONE_MODEL_ANSWERS.format(position=model["position"]))
-    counted = {r["question"]: r for r in query_rows(con, duck.sql("prevalence_model"))}
+    counted = {r["question"]: r for r in query_rows(con, duck.sql("prevalence_model", answers="answers_long"))}
     for qid in ids:
         expected = counted.get(qid, {"posts": 0, "answered": 0, "yes": 0})
         found = prevalence[qid]

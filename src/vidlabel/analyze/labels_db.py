@@ -18,25 +18,22 @@ from typing import Any, Sequence
 import numpy as np
 import pyarrow as pa
 
-from vidlabel.analyze.merge import FIXED_COLUMNS, PROVENANCE_COLUMNS
+from vidlabel.analyze.merge import FIXED_COLUMNS, POST_COLUMNS, PROVENANCE_COLUMNS, relation_columns
 from vidlabel.core import duck
 from vidlabel.core.io import write_text
 
 
 # Columns of labels.parquet that older merges did not write: without answer_probs the model's hard
-# answers are the predictions; the provenance columns only feed the provenance section.
+# answers are the predictions; the provenance columns only feed the provenance section; without the
+# post's columns every post is of no known type (aggregate's post-type tables say so).
 OPTIONAL_LABEL_COLUMNS = ("answer_probs", *PROVENANCE_COLUMNS, "request_fingerprint", "gpus", "transcript_status",
-                          "model_revision", "server_fingerprint", "job_id", "error_item")
+                          "model_revision", "server_fingerprint", "job_id", "error_item", *POST_COLUMNS)
 
 
 def register_table(con, name: str, table: pa.Table) -> None:
     con.register(f"{name}_arrow", table)
     con.execute(f"CREATE OR REPLACE TABLE {name} AS SELECT * FROM {name}_arrow")
     con.unregister(f"{name}_arrow")
-
-
-def relation_columns(con, relation: str) -> list[str]:
-    return [row[0] for row in con.execute(f"DESCRIBE {relation}").fetchall()]
 
 
 def check_label_columns(con, ids: Sequence[str], labels_path) -> None:

@@ -54,6 +54,37 @@ def token_histogram(values: np.ndarray, path: str | Path, title: str, xlabel: st
     _save(fig, path)
 
 
+def token_histograms_by_kind(values: dict[str, np.ndarray], path: str | Path, title: str) -> None:
+    """One histogram per kind of input tokens (``values``: kind -> tokens per request that sends that
+    kind, zeros left out), side by side: video, image and text tokens differ by orders of magnitude."""
+    values = {kind: np.asarray(v, dtype=float) for kind, v in values.items()}
+    values = {kind: v[~np.isnan(v) & (v > 0)] for kind, v in values.items()}
+    if not any(v.size for v in values.values()):
+        placeholder(path, title, "No classified post has a token estimate by kind\n(labels merged without the "
+                                 "manifest's per-kind estimates, or no classified post yet).")
+        return
+    fig, axes = plt.subplots(1, len(values), figsize=(4.2 * len(values), 4.0), squeeze=False)
+    colors = {"video": "#4c72b0", "image": "#55a868", "text": "#8172b2"}
+    for ax, (kind, v) in zip(axes[0], values.items()):
+        if not v.size:
+            ax.set_axis_off()
+            ax.set_title(f"{kind}: no request")
+            ax.text(0.5, 0.5, f"no classified post\nsends {kind}", ha="center", va="center", color="0.35",
+                    transform=ax.transAxes)
+            continue
+        bins = min(60, max(5, int(math.sqrt(v.size))))
+        ax.hist(v, bins=bins, color=colors.get(kind, "0.5"), edgecolor="white", linewidth=0.4)
+        mean = v.mean()
+        ax.axvline(mean, color="#c44e52", linestyle="--", label=f"mean {mean:,.0f}")
+        ax.set_title(f"{kind} (n = {v.size:,})")
+        ax.set_xlabel(f"{kind} tokens per request (estimated)")
+        ax.set_ylabel("requests")
+        ax.legend(frameon=False, fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(title)
+    _save(fig, path)
+
+
 def prevalence(rows: Sequence[dict[str, Any]], path: str | Path, confidence: float,
                sampling_probabilities: np.ndarray | None = None) -> None:
     """Per question: model share, human-only share and bias-corrected estimate, with interval bars.

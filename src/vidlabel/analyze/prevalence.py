@@ -59,17 +59,20 @@ def ppi_moments_from_items(items: pa.Table) -> dict[str, dict[str, Any]]:
     return ppi_moments(con)
 
 
-def prevalence(con, ids: Sequence[str], confidence: float, human: dict | None) -> list[dict[str, Any]]:
-    """One row per question (PREVALENCE_COLUMNS) from ``answers_long`` and the human-label tables.
+def prevalence(con, ids: Sequence[str], confidence: float, human: dict | None, answers: str = "answers_long",
+               population: str | None = None) -> list[dict[str, Any]]:
+    """One row per question (PREVALENCE_COLUMNS) from table ``answers`` (``answers_long`` or a part of it,
+    e.g. one post type's posts, named ``population`` in the notes) and the human-label tables.
     With a design file (``human["sample_design"]``) the human-only and corrected shares are over the
     classified posts of its frame; the others are estimated apart, from the model alone."""
-    model = {r["question"]: r for r in query_rows(con, duck.sql("prevalence_model"))}
+    answers = duck.identifier(answers)
+    model = {r["question"]: r for r in query_rows(con, duck.sql("prevalence_model", answers=answers))}
     moments: dict[str, dict] = {}
     outside: dict[str, dict] = {}
     if human:
-        con.execute(duck.sql("ppi_items"))
+        con.execute(duck.sql("ppi_items", answers=answers))
         moments = ppi_moments(con)
-        outside = {r["question"]: r for r in query_rows(con, duck.sql("prevalence_outside_frame"))}
+        outside = {r["question"]: r for r in query_rows(con, duck.sql("prevalence_outside_frame", answers=answers))}
     rows = []
     for qid in ids:
         m = model.get(qid, {"posts": 0, "answered": 0, "yes": 0, "no": 0, "no_answer": 0})
@@ -82,7 +85,7 @@ def prevalence(con, ids: Sequence[str], confidence: float, human: dict | None) -
             notes.append("the model answered no post for this question: no model share")
         if human:
             notes += _outside_frame(row, outside.get(qid), human, confidence)
-            notes += _human_and_corrected(con, qid, row, moments.get(qid), confidence, human)
+            notes += _human_and_corrected(con, qid, row, moments.get(qid), confidence, human, population)
         row["note"] = "; ".join(notes)
         rows.append(row)
     return rows
@@ -134,8 +137,9 @@ def _calibrated(con, qid: str, sample: dict, post_ids) -> np.ndarray:
 
 
 def _human_and_corrected(con, qid: str, row: dict, mom: dict | None, confidence: float,
-                         human: dict) -> list[str]:
-    """Human-only and corrected share of one question into ``row``; returns the notes."""
+                         human: dict, population: str | None = None) -> list[str]:
+    """Human-only and corrected share of one question into ``row``; returns the notes (``population``:
+    what the posts are when they are part of the classified posts, e.g. "photo posts")."""
     items = con.execute("SELECT post_id, yhat, y, r, no_answer, phase FROM ppi_items WHERE question = ? "
                         "ORDER BY post_id", [qid]).fetchnumpy()
     f = float_array(items["yhat"])
@@ -150,12 +154,19 @@ def _human_and_corrected(con, qid: str, row: dict, mom: dict | None, confidence:
     row["design"], row["weighted"] = design, design != "uniform"
     row["human_n"] = n
     row["human_yes"] = int(y_sum) if y_sum.is_integer() else y_sum
+    among = f" among the {population}" if population else ""
     if n == 0:
-        return ["no usable human label for this question: no human-only or corrected share (n/a)"]
+        return [f"no usable human label for this question{among}: no human-only or corrected share (n/a)"]
     notes = []
     row["ppi_population"], row["ppi_labelled"] = f.size, n
     if design == "two_phase":
         burn_in, second = labelled & (phase == 1), labelled & (phase == 2)
+        if not burn_in.any():
+            # Part of the posts (a post type) the uniform burn-in drew none of: the first phase's
+            # estimate of it does not exist, and the design's combination weight has nothing to weigh.
+            return [f"the {n} human label(s){among} all come from the second draw of the two-phase sample, none "
+                    "from its uniform burn-in: the two-phase estimator needs both, no human-only or corrected "
+                    "share (n/a)"]
         sample = human["sample_design"]
         weight = float(sample.get("combination", {}).get(qid, math.nan))
         if not 0 <= weight <= 1:

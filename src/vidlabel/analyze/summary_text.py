@@ -14,6 +14,10 @@ from vidlabel.analyze.merge import provenance_counts
 from vidlabel.analyze.sample_design import describe
 from vidlabel.core.settings import fingerprint
 
+NO_TYPE = "no type"  # how the tables and summary.md name a post without post_type
+TOKEN_KINDS = ("video", "image", "text")
+
+
 def provenance_section(con, config: dict[str, Any]) -> list[str]:
     """Lines of summary.md's provenance section: what made the answers (model, server, classify
     settings and prompt fingerprints, from the labels' provenance columns), loudly when more than one
@@ -75,7 +79,8 @@ def _prevalence_sentence(r: dict, human: dict | None, c: str) -> str:
 
 
 def summary_markdown(config, status_counts, prevalence_rows, agreement_rows, tokens_rows, throughput_rows,
-                     errors_rows, human, provenance_lines: Sequence[str] = ()) -> str:
+                     errors_rows, human, provenance_lines: Sequence[str] = (),
+                     post_type_lines: Sequence[str] = ()) -> str:
     conf = float(config["stats"]["confidence"])
     c = f"{conf:.0%}"
     total = sum(status_counts.values())
@@ -125,7 +130,10 @@ def summary_markdown(config, status_counts, prevalence_rows, agreement_rows, tok
                    f"ratio of {num(i['prefill_decode_ratio'], 1)}:1.")
     else:
         out.append("No request reported token usage.")
-    out.append("")
+    out += ["", _tokens_by_kind_text(tok), ""]
+
+    if post_type_lines:
+        out += ["## By post type", "", *post_type_lines, ""]
 
     out += ["## Throughput and cost", ""]
     overall = next((r for r in throughput_rows if r["shard"] == "all"), None)
@@ -192,6 +200,66 @@ def summary_markdown(config, status_counts, prevalence_rows, agreement_rows, tok
             f"- Every interval is at the configured confidence ({c}, config stats.confidence).",
             ""]
     return "\n".join(out)
+
+
+def _tokens_by_kind_text(tok: dict[str, dict]) -> str:
+    """The manifest's input-token estimates by kind (tokens.csv's input_video, input_image, input_text)."""
+    rows = {kind: tok.get(f"input_{kind}", {}) for kind in TOKEN_KINDS}
+    totals = {kind: float(r.get("total") or 0) for kind, r in rows.items()}
+    everything = sum(totals.values())
+    if not everything:
+        return ("No classified post has an input-token estimate by kind (labels merged without the manifest's "
+                "estimates, or no classified post).")
+    parts = [f"{kind} {num(totals[kind], 0)} ({pct(totals[kind] / everything)}; "
+             + (f"{rows[kind]['requests']:,} requests send {kind}, {num(rows[kind]['mean'], 0)} on average)"
+                if rows[kind].get("requests") else f"no request sends {kind})")
+             for kind in TOKEN_KINDS]
+    return ("By kind, the manifest estimated these input tokens for the classified posts (estimates: the server "
+            "reports the total only): " + ", ".join(parts) + ".")
+
+
+def post_type_section(type_rows: Sequence[dict], prevalence_rows: Sequence[dict], human: dict | None,
+                      confidence: float) -> list[str]:
+    """Lines of summary.md's "By post type" section: posts, how they ended, items and tokens per type
+    (post_types.csv), and each question's shares per type (prevalence_by_type.csv)."""
+    if not type_rows:
+        return ["The inventory holds no post."]
+    c = f"{confidence:.0%}"
+    out = ["Each post's type comes from its usable items (docs/mixed_media.md): `video` (one video), `photo` (one "
+           "image), `slideshow` (images and a soundtrack), `carousel` (two or more images and videos), `audio`; "
+           f"\"{NO_TYPE}\": a post with no usable item (excluded), or labels merged before post types. Tokens per "
+           "classified post: the manifest's estimates by kind, and the server's input tokens per request.", "",
+           "| post type | posts | ok | error | excluded | items per post (mean, max) | posts with items dropped "
+           "| video tokens | image tokens | text tokens | input tokens (server) |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in type_rows:
+        items = f"{num(r['items_mean'])} ({r['items_max']:,})" if r["items_max"] is not None else "n/a"
+        out.append(f"| {r['post_type'] or NO_TYPE} | {r['posts']:,} | {r['ok']:,} | {r['error']:,} | "
+                   f"{r['excluded']:,} | {items} | {r['posts_with_items_dropped']:,} | "
+                   f"{num(r['est_video_tokens_mean'], 0)} | {num(r['est_image_tokens_mean'], 0)} | "
+                   f"{num(r['est_text_tokens_mean'], 0)} | {num(r['input_tokens_mean'], 0)} |")
+    if not prevalence_rows:
+        return out + ["", "No post was classified: no prevalence by post type."]
+    out += ["", f"Prevalence per post type, over the type's classified posts ({c} intervals): the model's share "
+                "of the posts it answered; with human labels, the corrected share of all the type's classified "
+                "posts from the labels that fall on them (prevalence_by_type.csv; its notes say why a share is "
+                "missing or to be read with care).", "",
+            "| post type | question | answered | model share | human labels | corrected share |",
+            "|---|---|---:|---:|---:|---:|"]
+    for r in prevalence_rows:
+        model = (f"{pct(r['model_share'])} ({pct(r['model_lo'])}–{pct(r['model_hi'])})"
+                 if r["answered"] else "n/a")
+        corrected = (f"{pct(r['corrected'])} ({pct(r['corrected_lo'])}–{pct(r['corrected_hi'])})"
+                     if not is_missing(r.get("corrected")) else "n/a")
+        labels = f"{r['human_n']:,}" if human and r.get("human_n") is not None else "none"
+        out.append(f"| {r['post_type'] or NO_TYPE} | {r['question']} | {r['answered']:,} of {r['posts']:,} | "
+                   f"{model} | {labels} | {corrected} |")
+    if not human:
+        out += ["", "No human labels are configured: the shares by type are the model's alone."]
+    notes = [f"- {r['post_type'] or NO_TYPE}, {r['question']}: {r['note']}." for r in prevalence_rows if r.get("note")]
+    if notes:
+        out += ["", "Notes:", *notes]
+    return out
 
 
 def _gpus_per_job(throughput_rows) -> str:

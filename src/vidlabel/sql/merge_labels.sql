@@ -4,7 +4,9 @@
 -- each post matches exactly one of the two, so the LEFT JOINs cannot multiply rows.
 -- The answer_columns placeholder is generated: one json_extract_string(answers, '$."<id>"') AS "<id>" per question,
 -- so a question the model did not answer (error, or a key missing from the JSON) is NULL; so is
--- record_columns, from the journal record's fields.
+-- record_columns, from the journal record's fields, and post_columns (vidlabel.analyze.merge.post_columns):
+-- what the post is, from its manifest row (m) where it has one, else the inventory (i), as far as the
+-- columns of each allow; the manifest holds one row per classified post, checked like the shards.
 SELECT
     i.post_id,
     CAST(l.shard AS INTEGER) AS shard,
@@ -15,8 +17,11 @@ SELECT
     @answer_columns@,
     -- The record's columns (vidlabel.serve.record.MERGED_FIELDS): tokens, times, probabilities and the
     -- provenance (what made the answer, docs/outputs.md); NULL where the shards predate a column.
-    @record_columns@
+    @record_columns@,
+    -- What the post is (post_type, items by kind, items dropped) and its token estimates per kind.
+    @post_columns@
 FROM inventory i
 LEFT JOIN shard_labels l USING (post_id)
 LEFT JOIN excluded e USING (post_id)
+LEFT JOIN manifest m USING (post_id)
 ORDER BY i.file_row_number

@@ -10,10 +10,12 @@
 --   phase the phase of a two-phase design the label belongs to (NULL for a one-phase design).
 -- Only the posts of the human sample's frame (table design_posts, when it holds any): posts classified
 -- after the sample was drawn are outside the population the labels stand for (sql/prevalence_outside_frame.sql).
+-- @answers@: answers_long, or one post type's part of it (vidlabel.analyze.post_types): the population
+-- is then that type's classified posts, and the labels on them a sample of it under the same design.
 CREATE OR REPLACE TABLE ppi_items AS
 WITH model_share AS (
     SELECT question, avg(CASE answer WHEN 'yes' THEN 1.0 WHEN 'no' THEN 0.0 END) AS share
-    FROM answers_long
+    FROM @answers@
     WHERE status IN ('ok', 'error')
     GROUP BY question
 )
@@ -30,7 +32,7 @@ SELECT
     h.y,
     CASE WHEN h.y IS NOT NULL THEN coalesce(1.0 / h.probability, 1.0) END AS r,
     h.phase
-FROM answers_long a
+FROM @answers@ a
 JOIN model_share m USING (question)
 LEFT JOIN human_valid h ON h.post_id = a.post_id AND h.question = a.question
 WHERE a.status IN ('ok', 'error')
