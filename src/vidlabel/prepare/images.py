@@ -112,6 +112,12 @@ def server_image_problem(info: dict[str, Any]) -> str | None:
     return None
 
 
+def item_image_problem(item: dict[str, Any]) -> str | None:
+    """``server_image_problem`` of a probed item (``vidlabel.prepare.items.probe_item``'s fields)."""
+    return server_image_problem({"image_format": (item.get("media_format") or "").upper() or None,
+                                 "mode": item.get("image_mode"), "orientation": item.get("orientation")})
+
+
 def _to_rgb(image: Image.Image) -> Image.Image:
     """8-bit RGB as a viewer shows it: deep samples scaled (not clipped), transparency over white."""
     if image.mode in DEEP_MODES:

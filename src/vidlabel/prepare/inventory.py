@@ -12,8 +12,8 @@ own for a post of one item, else every item's) and is excluded later, never a fa
 fields of the post's first usable video (else of its first usable item: ``PROBE_SCHEMA``), the extra
 columns of the posts table, and ``post_type`` (``vidlabel.prepare.post_plan.post_type``), ``n_items``,
 ``items_dropped`` and ``items`` (every item in the post's order: ``ITEM_TYPE``). A one-video post's row
-is what it always was, plus those four. ``items_table`` gives the items one row each, also for an
-inventory written before items existed.
+is what it always was, plus those four. ``vidlabel.prepare.inventory_schema.items_table`` gives the
+items one row each, also for an inventory written before items existed.
 
 Incremental: every probe is journaled beside the output (``inventory.jsonl``, key ``item_path``, with
 the file's identity); a rerun probes only the files that are new or whose size or modification time
@@ -36,37 +36,12 @@ import pyarrow.compute as pc
 from vidlabel.core import identity
 from vidlabel.core.io import write_parquet
 from vidlabel.core.journal import Journal, journal_beside
-from vidlabel.prepare.items import ITEM_FIELDS, probe_item
+from vidlabel.prepare.inventory_schema import BASE_COLUMNS, ITEM_FIELDS, POST_COLUMNS, PROBE_SCHEMA
+from vidlabel.prepare.items import probe_item
 from vidlabel.prepare.post_plan import post_type
 from vidlabel.prepare.posts import load_posts
 
 log = logging.getLogger(__name__)
-
-PROBE_SCHEMA = pa.schema(
-    [
-        ("size_bytes", pa.int64()),
-        ("duration_s", pa.float64()),
-        ("fps", pa.float64()),
-        ("width", pa.int64()),
-        ("height", pa.int64()),
-        ("video_codec", pa.string()),
-        ("has_audio", pa.bool_()),
-        ("probe_error", pa.string()),
-        ("pix_fmt", pa.string()),
-        ("rotation", pa.int64()),
-        ("container", pa.string()),
-        ("header_frames", pa.int64()),
-        ("base_fps", pa.float64()),
-    ]
-)
-_ITEM_TYPES = {**{f.name: f.type for f in PROBE_SCHEMA}, "kind": pa.string(), "media_format": pa.string(),
-               "audio_codec": pa.string(), "orientation": pa.int64(), "frames": pa.int64(), "image_mode": pa.string()}
-ITEM_TYPE = pa.struct([("index", pa.int32()), ("path", pa.string()), ("source_path", pa.string()),
-                       *((name, _ITEM_TYPES[name]) for name in ITEM_FIELDS)])
-BASE_COLUMNS = ("post_id", "source_path", "video_path", "caption")
-POST_COLUMNS = pa.schema([("post_type", pa.string()), ("n_items", pa.int64()), ("items_dropped", pa.string()),
-                          ("items", pa.list_(ITEM_TYPE))])
-
 
 # --------------------------------------------------------------------------- probing
 
@@ -147,37 +122,3 @@ def build_inventory(config: dict, output_path: str | os.PathLike, threads: int |
     write_parquet(pa.table({name: columns[name] for name in order}), output_path)
     kinds = pc.value_counts(pc.fill_null(columns["post_type"], "none")).to_pylist()
     log.info("inventory: posts by type: %s", {k["values"]: k["counts"] for k in kinds})
-
-
-# --------------------------------------------------------------------------- items, one row each
-
-
-def items_table(inventory: pa.Table) -> pa.Table:
-    """One row per media item: post_id, caption, then ``ITEM_TYPE``'s fields, in the posts' order.
-
-    An inventory written before posts had items (no ``items`` column) is read as one video item per
-    post, from the post's own probe fields, so that the stages after it need no rerun of the inventory.
-    """
-    if "items" in inventory.column_names:
-        items = inventory.column("items").combine_chunks()
-        parents = pc.list_parent_indices(items)
-        flat = pc.list_flatten(items)
-        columns = {"post_id": inventory.column("post_id").combine_chunks().take(parents)}
-        columns["caption"] = inventory.column("caption").combine_chunks().take(parents)
-        columns.update({name: flat.field(name) for name in (f.name for f in ITEM_TYPE)})
-        return pa.table(columns)
-    n = inventory.num_rows
-    ok = pc.is_null(inventory.column("probe_error"))
-    columns = {"post_id": inventory.column("post_id"), "caption": inventory.column("caption"),
-               "index": pa.array([0] * n, pa.int32()), "path": inventory.column("video_path"),
-               "source_path": inventory.column("source_path")}
-    for field in ITEM_TYPE:
-        if field.name in columns:
-            continue
-        if field.name == "kind":
-            columns["kind"] = pc.if_else(ok, pa.scalar("video"), pa.scalar(None, pa.string()))
-        elif field.name in inventory.column_names:
-            columns[field.name] = inventory.column(field.name)
-        else:
-            columns[field.name] = pa.nulls(n, field.type)
-    return pa.table(columns)

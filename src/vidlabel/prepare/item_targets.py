@@ -16,7 +16,7 @@ For each item the plan says what the server is sent (``ItemWork.action``):
 - ``animation`` (an animated GIF, WebP, PNG or AVIF: a video item): its frames as H.264
   (``images.convert_animation``; FFmpeg 5 cannot decode animated WebP);
 - ``convert`` (an image): an upright 8-bit RGB JPEG (``images.convert_image``) where the server would
-  misread the original (``items.item_image_problem``), at the planned size where the plan lowered the
+  misread the original (``images.item_image_problem``), at the planned size where the plan lowered the
   image pixel bound (multiples of 28, which the server's resize keeps as they are).
 """
 
@@ -30,8 +30,8 @@ import pyarrow as pa
 
 from vidlabel.prepare import planning, post_plan
 from vidlabel.prepare import tokens as tk
-from vidlabel.prepare.images import ANIMATED_FORMATS
-from vidlabel.prepare.items import item_image_problem
+from vidlabel.prepare.images import ANIMATED_FORMATS, item_image_problem
+from vidlabel.prepare.inventory_schema import SOUND_KINDS
 from vidlabel.prepare.post_prompt import item_labels
 from vidlabel.prepare.prompt import TRANSCRIPT_UNAVAILABLE, render_prompt
 from vidlabel.serve import decode
@@ -101,7 +101,7 @@ def spoken_text(post: MixedPost, transcripts: dict[tuple[str, int], dict] | None
     """
     lines, statuses = [], []
     for item, label in zip(post.items, post.labels):
-        if item["kind"] not in post_plan.SOUND_KINDS or transcripts is None:
+        if item["kind"] not in SOUND_KINDS or transcripts is None:
             continue
         row = transcripts.get((post.post_id, item["index"]))
         status = row["status"] if row else None
@@ -129,7 +129,7 @@ def prompt_and_text_tokens(config: dict, post: MixedPost, spoken: str, allowance
 def sound_seconds(post: MixedPost) -> float:
     """Seconds of the post's items with sound: the speech allowance before transcription."""
     return float(sum(i["duration_s"] or 0.0 for i in post.items
-                     if i["kind"] in post_plan.SOUND_KINDS and i["has_audio"] is not False))
+                     if i["kind"] in SOUND_KINDS and i["has_audio"] is not False))
 
 
 def plan(config: dict, post: MixedPost, text_tokens: int) -> post_plan.PostPlan:

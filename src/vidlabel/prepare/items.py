@@ -9,7 +9,7 @@ corrupt or unrecognised file gets a ``probe_error`` of its own, so a post keeps 
 
 A video item carries every field of the video probe (``vidlabel.prepare.media.PROBE_FIELDS``: the
 planner and the decoder choice read them), an image its format, pixel mode and EXIF orientation (what
-decides whether the server may be sent it as it is: ``item_image_problem``).
+decides whether the server may be sent it as it is: ``images.item_image_problem``).
 """
 
 from __future__ import annotations
@@ -20,13 +20,10 @@ from typing import Any
 import av
 
 from vidlabel.prepare import images
-from vidlabel.prepare.media import PROBE_FIELDS, _codec_name, _file_problem, _open_media, probe
+from vidlabel.prepare.inventory_schema import ITEM_FIELDS, PROBE_FIELDS
+from vidlabel.prepare.media import _codec_name, _file_problem, _open_media, probe
 
 KINDS = ("video", "image", "audio")
-ITEM_FIELDS = ("kind", "size_bytes", "media_format", "video_codec", "audio_codec", "width", "height",
-               "orientation", "duration_s", "fps", "frames", "has_audio", "probe_error", "image_mode",
-               *(f for f in PROBE_FIELDS if f not in ("size_bytes", "video_codec", "width", "height", "duration_s",
-                                                       "fps", "has_audio", "probe_error")))
 
 
 def probe_item(path: str | os.PathLike) -> dict[str, Any]:
@@ -98,8 +95,3 @@ def _from_audio(info: dict[str, Any], container, stream, media_format: str | Non
     return info
 
 
-
-def item_image_problem(item: dict[str, Any]) -> str | None:
-    """Why the server must not be sent this probed still image as it is (``images.server_image_problem``)."""
-    return images.server_image_problem({"image_format": (item.get("media_format") or "").upper() or None,
-                                        "mode": item.get("image_mode"), "orientation": item.get("orientation")})

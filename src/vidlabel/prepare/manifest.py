@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 from vidlabel.core.io import write_parquet, write_text
 from vidlabel.prepare import item_targets, mixed_rows, planning, post_plan
 from vidlabel.prepare import tokens as tk
-from vidlabel.prepare.inventory import items_table
+from vidlabel.prepare.inventory_schema import items_table
 from vidlabel.prepare.prompt_batch import prompt_text_tokens, render_prompts, request_ids
 
 log = logging.getLogger(__name__)

@@ -16,26 +16,12 @@ import av
 import ffmpeg
 import numpy as np
 
+
 SAMPLE_RATE = 16000
 
 #: Box types an ISO-BMFF (MP4/MOV) file can start with; used to explain "Invalid data" for them.
 _ISO_BMFF_BOXES = {b"ftyp", b"moov", b"mdat", b"free", b"wide", b"skip", b"pnot"}
 
-PROBE_FIELDS = (
-    "size_bytes",
-    "duration_s",
-    "fps",
-    "width",
-    "height",
-    "video_codec",
-    "has_audio",
-    "probe_error",
-    "pix_fmt",
-    "rotation",
-    "container",
-    "header_frames",
-    "base_fps",
-)
 
 
 class AudioError(RuntimeError):

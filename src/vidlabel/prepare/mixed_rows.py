@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from vidlabel.prepare import item_targets, planning, post_plan
 from vidlabel.prepare import tokens as tk
+from vidlabel.prepare.inventory_schema import SOUND_KINDS
 from vidlabel.prepare.item_targets import MixedPost
 
 ITEM_TYPE = pa.struct([("index", pa.int64()), ("kind", pa.string()), ("path", pa.string()),
@@ -69,7 +70,7 @@ def post_rows(config: dict, posts: list[MixedPost], transcripts: dict[tuple[str,
             missing = []
             for item in post.items:
                 row = transcripts.get((post.post_id, item["index"])) or {}
-                if item["kind"] in post_plan.SOUND_KINDS and row.get("status") not in item_targets.KNOWN_TRANSCRIPT:
+                if item["kind"] in SOUND_KINDS and row.get("status") not in item_targets.KNOWN_TRANSCRIPT:
                     missing.append(f"item {item['index']}: {row.get('error') or 'no transcript in the transcript chunks'}")
             out.excluded.append((post.post_id, first_path, "transcript_error", "; ".join(missing)))
             continue

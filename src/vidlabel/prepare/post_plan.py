@@ -39,8 +39,6 @@ from vidlabel.prepare import tokens as tk
 KINDS = ("video", "image", "audio")
 #: Kinds sent to the server as media parts (audio goes as its transcript).
 SENT_KINDS = ("image", "video")
-#: Kinds that carry sound worth transcribing (a photo has none).
-SOUND_KINDS = ("video", "audio")
 CELL = tk.FACTOR * tk.FACTOR  # pixels per token cell
 PROFILER_VIDEO_FRAMES = 14  # vLLM models/qwen2_vl.py: _MAX_FRAMES_PER_VIDEO
 

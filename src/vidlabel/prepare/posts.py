@@ -27,8 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from vidlabel.prepare.items import ITEM_FIELDS
-from vidlabel.prepare.media import PROBE_FIELDS
+from vidlabel.prepare.inventory_schema import ITEM_FIELDS, PROBE_FIELDS
 
 VIDEO_EXTENSIONS = frozenset(
     {".mp4", ".m4v", ".mov", ".webm", ".mkv", ".avi", ".3gp", ".flv", ".wmv", ".mpg", ".mpeg", ".ts"}

@@ -48,7 +48,7 @@ from vidlabel.core.io import atomic_path, write_parquet
 from vidlabel.core.journal import Journal, journal_beside
 from vidlabel.prepare import images, item_targets, planning
 from vidlabel.prepare import tokens as tk
-from vidlabel.prepare.inventory import items_table
+from vidlabel.prepare.inventory_schema import items_table
 from vidlabel.prepare.item_targets import ItemWork
 from vidlabel.prepare.sharding import stable_chunk
 

@@ -31,9 +31,8 @@ import pyarrow.parquet as pq
 from vidlabel.core import identity
 from vidlabel.core.io import write_parquet
 from vidlabel.core.journal import Journal, journal_beside
-from vidlabel.prepare.inventory import items_table
+from vidlabel.prepare.inventory_schema import SOUND_KINDS, items_table
 from vidlabel.prepare.media import SAMPLE_RATE, AudioError, NoAudioStream, load_audio
-from vidlabel.prepare.post_plan import SOUND_KINDS
 from vidlabel.prepare.sharding import stable_chunk
 
 log = logging.getLogger(__name__)
