@@ -373,7 +373,11 @@ def steady(records, gpu_samples, metrics: MetricsSampler, proc: ProcSampler, con
     }
     out["by_post_type"] = by_post_type(records, gpu_samples, config)
     if replay:
-        out["replay"] = replay_decode(records, lo, hi, config)
+        try:
+            out["replay"] = replay_decode(records, lo, hi, config)
+        except Exception as exc:  # a worker lost (BrokenProcessPool), say: the run's own figures still count
+            out["replay"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            logging.getLogger("gpu_steady").warning("decode replay failed: %s", out["replay"]["error"])
         cpu, decoded = out["cpu_s_per_answer"], out["replay"].get("decode_cpu_s_per_answer")
         if "api" in cpu and decoded is not None:  # the multimodal processor and request handling
             cpu["api_besides_decode"] = cpu["api"] - decoded
@@ -420,7 +424,11 @@ def run_variant(args, name: str) -> dict:
     proc, metrics = ProcSampler(), MetricsSampler(out)
     limit = RequestPhaseLimit(out / "journal.jsonl", args.max_request_phase_s)
     row, records, config, gpu_samples = gc.run_job(args, name, samplers=(proc, metrics, limit))
-    row["steady"] = steady(records, gpu_samples, metrics, proc, config, not args.no_replay)
+    try:
+        row["steady"] = steady(records, gpu_samples, metrics, proc, config, not args.no_replay)
+    except Exception as exc:  # the analysis, not the job: keep the row (and the check below) all the same
+        logging.getLogger("gpu_steady").exception("steady-state analysis failed")
+        row["steady"] = {"error": f"analysis failed: {type(exc).__name__}: {exc}"[:300]}
     row["stopped_by_time_limit"] = limit.fired
     row["journal_before"] = before
     row["check"] = check(row, records, _shard(config).num_rows)
