@@ -24,6 +24,17 @@ On the GPU machine (after staging ../shared/gpu-kit: ``vllm`` on PATH) and here 
     python benchmarks/gpu_breaker.py --workdir /tmp/vidlabel-breaker --jobs 2 --standin
 Each run starts its own server (70-150 s with random weights): ``--phase broken`` and then ``--phase
 fixed`` split the four runs over two calls where one call may not last that long.
+
+``--shared-run-dir`` (with ``--phase broken``) journals the broken runs into the run folder of a
+``gpu_steady.py`` variant, WORKDIR/runs/VARIANT (the same journal, labels and server log), so that the
+steady-state run of that variant that follows is the fixed run: it prints how many records the journal
+held before it and whether every request ended ``ok`` (benchmarks/gpu_session.sh does this on the GPU
+machine). Give both the same ``--jobs``, ``--cpus``, ``--tokenizer`` and ``--model``, so that the
+variant's config, and with it every request's identity, is the same in both:
+    python benchmarks/gpu_breaker.py --workdir W --jobs 16 --cpus 0-15 --variant default-@mixed \
+        --shared-run-dir --phase broken --broken-runs 1 --tokenizer /tmp/models/Qwen2.5-VL-7B-Instruct
+    python benchmarks/gpu_steady.py --workdir W --jobs 16 --cpus 0-15 --variants default-@mixed \
+        --tokenizer /tmp/models/Qwen2.5-VL-7B-Instruct
 """
 
 from __future__ import annotations
@@ -64,16 +75,22 @@ class _Times(logging.Handler):
 
 def wrap_vllm(work: Path, fault_file: Path) -> None:
     """Put a ``vllm`` first on PATH that runs the one found now with the arguments in ``fault_file`` (if
-    any) appended: the extra ``--media-io-kwargs`` comes last, and vLLM keeps the last one."""
+    any) appended to ``vllm serve``: the extra ``--media-io-kwargs`` comes last, and vLLM keeps the last
+    one. Other subcommands (the job's ``vllm --version``, which identifies the server program) run as
+    they are."""
     real = shutil.which("vllm")
     if real is None:
         raise SystemExit("no `vllm` on PATH: stage ../shared/gpu-kit (or pass --standin)")
     wrapper = work / "breaker-bin" / "vllm"
+    if Path(real).resolve() == wrapper.resolve():  # a second wrap_vllm in this process
+        return
     wrapper.parent.mkdir(parents=True, exist_ok=True)
     wrapper.write_text("#!/bin/sh\n"
-                       "# vllm with the arguments of FAULT_FILE appended (benchmarks/gpu_breaker.py)\n"
+                       "# vllm serve with the arguments of FAULT_FILE appended (benchmarks/gpu_breaker.py)\n"
                        f"FAULT_FILE={shlex.quote(str(fault_file))}\n"
-                       f'if [ -s "$FAULT_FILE" ]; then exec {shlex.quote(real)} "$@" --media-io-kwargs "$(cat "$FAULT_FILE")"; fi\n'
+                       'if [ "$1" = serve ] && [ -s "$FAULT_FILE" ]; then\n'
+                       f'  exec {shlex.quote(real)} "$@" --media-io-kwargs "$(cat "$FAULT_FILE")"\n'
+                       "fi\n"
                        f'exec {shlex.quote(real)} "$@"\n')
     wrapper.chmod(0o755)
     os.environ["PATH"] = f"{wrapper.parent}{os.pathsep}{os.environ['PATH']}"
@@ -130,13 +147,26 @@ def main() -> int:
                     help="broken runs before the fixed one (each starts a server: 1 on a short GPU lease)")
     ap.add_argument("--phase", choices=("all", "broken", "fixed"), default="all",
                     help="broken: the broken runs on a fresh journal; fixed: the fixed run on that journal")
+    ap.add_argument("--shared-run-dir", action="store_true",
+                    help="journal into WORKDIR/runs/VARIANT, the run folder of gpu_steady.py's variant, whose next "
+                         "run is then the fixed run (needs --phase broken; the folder is kept, not emptied)")
+    ap.add_argument("--tokenizer", default=None, help="planning.tokenizer, as gpu_classify.py and gpu_steady.py take it")
+    ap.add_argument("--cpus", default=None, help="pin the job and its server to these cores first, e.g. 0-15 (as "
+                                                  "gpu_steady.py --cpus)")
     args = ap.parse_args()
+    if args.shared_run_dir and args.phase != "broken":
+        ap.error("--shared-run-dir needs --phase broken: the fixed run is the gpu_steady.py run of the variant")
+    if args.cpus:
+        import gpu_steady
+
+        os.sched_setaffinity(0, gpu_steady.parse_cpus(args.cpus))  # inherited by the server the job starts
     work = Path(args.workdir)
     # gpu_classify's steps read these names; `posts` there is your own table (None: the generated set).
     kit = argparse.Namespace(workdir=str(work), jobs=args.jobs, kind=args.kind, sources=args.sources,
-                             posts=args.posts, formats=False, seed=0, standin=args.standin)
+                             posts=args.posts, formats=False, photo_posts=0, carousels=0, seed=0,
+                             standin=args.standin)
     stage = argparse.Namespace(**{**vars(kit), "posts": None, "media_root": None, "transcripts": [],
-                                  "model": args.model, "tokenizer": None, "server_args": args.server_args,
+                                  "model": args.model, "tokenizer": args.tokenizer, "server_args": args.server_args,
                                   "startup_timeout": args.startup_timeout})
     gpu_classify.use_standin(kit)
     if not (work / "posts.csv").exists():
@@ -145,25 +175,38 @@ def main() -> int:
     shard = gpu_classify.prepare(stage, mode)
     fault_file = work / "breaker-fault.json"
     wrap_vllm(work, fault_file)
-    out = work / "runs" / f"breaker-{args.variant}"
+    out = work / "runs" / (args.variant if args.shared_run_dir else f"breaker-{args.variant}")
     summary_path = work / "gpu_breaker.json"
     summary = json.loads(summary_path.read_text()) if args.phase == "fixed" and summary_path.exists() else {}
+    if args.shared_run_dir and (out / "labels.parquet").exists():
+        raise SystemExit(f"{out} holds a finished run (labels.parquet): gpu_steady.py would not run that variant "
+                         "again; use a fresh --workdir or another --variant name (default-@another)")
     if args.phase != "fixed":
-        shutil.rmtree(out, ignore_errors=True)
-        out.mkdir(parents=True)
+        if not args.shared_run_dir:
+            shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True, exist_ok=True)
+        summary["run_dir"] = str(out)
+        summary["variant"] = args.variant
+        summary["journal_before"] = len(records(out / "journal.jsonl"))
         fault = {"video": {"fps": config["planning"]["fps"], "backend": "pynvvideocodec"}}
         fault_file.write_text(json.dumps(fault, separators=(",", ":")))
         summary["broken_runs"] = []
-        for i in range(args.broken_runs):
-            row = one_run(config, shard, out)
-            summary["broken_runs"].append(row)
-            print(f"broken run {i + 1}: {row['error_type']} after {row['ready_to_stop_s'] or float('nan'):.1f} s "
-                  f"from the server's readiness (job {row['wall_s']:.0f} s); journaled {row['journaled']} records, "
-                  f"{row['terminal_errors']} terminal; error: {row['error']}", flush=True)
-        fault_file.unlink()
+        try:
+            for i in range(args.broken_runs):
+                row = one_run(config, shard, out)
+                summary["broken_runs"].append(row)
+                print(f"broken run {i + 1}: {row['error_type']} after {row['ready_to_stop_s'] or float('nan'):.1f} s "
+                      f"from the server's readiness (job {row['wall_s']:.0f} s); journaled {row['journaled']} records, "
+                      f"{row['terminal_errors']} terminal; error: {row['error']}", flush=True)
+        finally:
+            fault_file.unlink(missing_ok=True)
+        summary["broken_passed"] = _broken_passed(summary["broken_runs"], args.stop_within)
         summary_path.write_text(json.dumps(summary, indent=1))
         if args.phase == "broken":
-            return 0 if _broken_passed(summary["broken_runs"], args.stop_within) else 1
+            print(f"broken phase {'PASSED' if summary['broken_passed'] else 'FAILED'} (each run stopped within "
+                  f"{args.stop_within:g} s of the server's readiness with the server's message, nothing terminal "
+                  f"journaled in {out}); summary in {summary_path}", flush=True)
+            return 0 if summary["broken_passed"] else 1
     fixed = one_run(config, shard, out)
     labels = []
     if (out / "labels.parquet").exists():

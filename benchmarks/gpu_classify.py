@@ -308,6 +308,24 @@ def visual_tokens(paths: list[str]) -> tuple[int, float]:
     return int(est.tokens.sum()), float(sum(i["duration_s"] for i in infos))
 
 
+# CPU seconds per megapixel-second of video, relative to x264 superfast (measured with ffmpeg 7.0.2, the
+# imageio-ffmpeg build the GPU machine gets): only the order of the media step's pool depends on them.
+CODEC_COST = {"h264": 1.0, "hevc": 3.0, "vp9": 1.5, "av1": 25.0, "mpeg4": 0.5}
+
+
+def codec_of(spec: dict) -> str:
+    args = " ".join(spec["args"])
+    for word, codec in (("libx265", "hevc"), ("vp9", "vp9"), ("av1", "av1"), ("mpeg4", "mpeg4")):
+        if word in args:
+            return codec
+    return "h264"
+
+
+def encode_cost(width: int, height: int, seconds: float, codec: str) -> float:
+    """A file's encoding cost in arbitrary units (megapixel-seconds times the codec's factor)."""
+    return width * height * seconds / 1e6 * CODEC_COST[codec]
+
+
 def make_media(args) -> None:
     work = Path(args.workdir)
     media = work / "media"
@@ -330,29 +348,45 @@ def make_media(args) -> None:
             seconds = round(math.exp(rng.uniform(math.log(5), math.log(60))), 2)
             sources.append((media / f"src{i:03d}-{width}x{height}-{seconds:g}s.mp4", width, height, seconds, 0, i))
         maker = make_testsrc2_source
-    t0 = time.monotonic()
-    workers = max(1, args.jobs // threads)
-    if sources:
-        with cf.ThreadPoolExecutor(max_workers=workers) as pool:
-            list(pool.map(lambda s: maker(work, s[0], *s[1:], threads), sources))
-    print(f"media: {len(sources)} {args.kind} sources in {time.monotonic() - t0:.1f} s", flush=True)
-    formats = {}
-    if args.formats:
-        t0 = time.monotonic()
-        specs = format_specs()
-        if "av1" not in specs:
-            print("media: this ffmpeg has no AV1 encoder (libsvtav1, libaom-av1, librav1e): no AV1 file", flush=True)
-        def attempt(item):
-            try:
-                return make_format(work, media, item[0], item[1], args.seed + len(item[0]))
-            except RuntimeError as exc:  # e.g. an encoder this ffmpeg lacks: the others still count
-                print(f"media: format {item[0]} not made: {exc}", flush=True)
-                return None
+    specs = format_specs() if args.formats else {}
+    if args.formats and "av1" not in specs:
+        print("media: this ffmpeg has no AV1 encoder (libsvtav1, libaom-av1, librav1e): no AV1 file", flush=True)
 
-        with cf.ThreadPoolExecutor(max_workers=workers) as pool:
-            made = list(pool.map(attempt, specs.items()))
-        formats = {name: path for name, path in zip(specs, made) if path is not None}
-        print(f"media: {len(formats)} format files in {time.monotonic() - t0:.1f} s", flush=True)
+    def attempt(item):
+        try:
+            return make_format(work, media, item[0], item[1], args.seed + len(item[0]))
+        except RuntimeError as exc:  # e.g. an encoder this ffmpeg lacks: the others still count
+            print(f"media: format {item[0]} not made: {exc}", flush=True)
+            return None
+
+    # Sources and formats in one pool, the dearest first (longest-processing-time order): a 4K source or
+    # the AV1 file started last would otherwise run alone at the end. Each file's content depends on its
+    # own seed only, not on the order.
+    tasks = [(encode_cost(s[1], s[2], s[3], "h264"), "source", s) for s in sources]
+    tasks += [(encode_cost(*spec.get("size", (720, 1280)), spec.get("seconds", 6.0) * spec.get("fps", 30) / 30,
+                           codec_of(spec)), "format", (name, spec)) for name, spec in specs.items()]
+    tasks.sort(key=lambda t: -t[0])
+    t0 = time.monotonic()
+    done_at = {"source": 0.0, "format": 0.0}
+    made: dict[str, Path | None] = {}
+    lock = threading.Lock()
+
+    def one(task):
+        _, kind, item = task
+        if kind == "source":
+            maker(work, item[0], *item[1:], threads)
+        else:
+            made[item[0]] = attempt(item)
+        with lock:
+            done_at[kind] = max(done_at[kind], time.monotonic() - t0)
+
+    # x264 at 2 threads keeps about 1.5 cores busy: one worker per core (--jobs) fills the machine.
+    with cf.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        list(pool.map(one, tasks))
+    print(f"media: {len(sources)} {args.kind} sources in {done_at['source']:.1f} s", flush=True)
+    formats = {name: made[name] for name in specs if made.get(name) is not None}
+    if args.formats:
+        print(f"media: {len(formats)} format files in {done_at['format']:.1f} s (one pool with the sources)", flush=True)
     # Broken files: empty, text, an MP4 cut before its index, one cut after it, and a missing file.
     bad = []
     if sources:
@@ -376,11 +410,21 @@ def make_media(args) -> None:
             os.link(src, media / name)
         lines.append(f"post{p:04d},media/{name},,{CAPTIONS[p % len(CAPTIONS)].replace(',', ' ')}")
         words = int(seconds * 2.5 * rng.uniform(0, 1.2))
-        transcripts.append((f"post{p:04d}", " ".join(rng.choice(WORDS) for _ in range(words))))
+        transcripts.append((f"post{p:04d}", " ".join(rng.choice(WORDS) for _ in range(words)), "ok"))
+    # Every video post has a transcript row with the transcribe stage's statuses (ok, also for silence;
+    # no_audio without an audio stream): the manifest excludes a post that has none, or another status, as
+    # transcript_error, which took the format zoo out of the run (and any post with an empty transcript).
+    said = random.Random(args.seed + 1)  # apart from `rng`: the video posts' transcripts stay as they were
     for name, path in formats.items():
         lines.append(f"fmt-{name},media/{path.name},,format {name}")
+        spec = specs[name]
+        speech = "-c:a" in spec["args"] and not spec.get("frames")
+        words = int(spec.get("seconds", 6.0) * 2.5 * said.uniform(0.3, 1.2)) if speech else 0
+        transcripts.append((f"fmt-{name}", " ".join(said.choice(WORDS) for _ in range(words)),
+                            "ok" if "-c:a" in spec["args"] else "no_audio"))
     for j, name in enumerate(bad):
         lines.append(f"bad{j},media/{name},,broken file")
+        transcripts.append((f"bad{j}", "", "no_audio"))
     mixed = []
     if args.photo_posts or args.carousels:
         t0 = time.monotonic()
@@ -396,14 +440,15 @@ def make_media(args) -> None:
     pq.write_table(pa.table({
         "post_id": [t[0] for t in transcripts], "text": [t[1] for t in transcripts],
         "language": ["en"] * len(transcripts), "segments": ["[]"] * len(transcripts),
-        "status": ["ok" if t[1] else "no_speech" for t in transcripts], "error": [None] * len(transcripts),
+        "status": [t[2] for t in transcripts], "error": [None] * len(transcripts),
         "audio_s": [None] * len(transcripts)}, schema=pa.schema([
             ("post_id", pa.string()), ("text", pa.string()), ("language", pa.string()), ("segments", pa.string()),
             ("status", pa.string()), ("error", pa.string()), ("audio_s", pa.float64())])),
         work / "transcripts.parquet")
-    print(f"media: {len(transcripts)} posts + {len(formats)} formats + {len(bad)} broken in {work / 'posts.csv'}",
+    posts = args.posts if sources else 0
+    print(f"media: {posts} posts + {len(formats)} formats + {len(bad)} broken in {work / 'posts.csv'}",
           flush=True)
-    summary = {"kind": args.kind, "sources": len(sources), "posts": len(transcripts), "format_names": sorted(formats),
+    summary = {"kind": args.kind, "sources": len(sources), "posts": posts, "format_names": sorted(formats),
                "mixed_posts": len(mixed)}
     for label, paths in ((args.kind, [str(s[0]) for s in sources]), ("formats", [str(p) for p in formats.values()])):
         if not paths:

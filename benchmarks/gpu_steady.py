@@ -41,8 +41,10 @@ default server command, so every request is decoded, processed and prefilled in 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures as cf
 import json
 import logging
+import multiprocessing
 import os
 import re
 import signal
@@ -303,19 +305,43 @@ def replay_decode(records: list[dict], lo: float, hi: float, config: dict) -> di
             sent[path] = sent.get(path, 0) + 1
     if not sent:
         return {}
-    try:
-        load, how = decode_indices.vllm_loader(backend, fps), "vLLM's loader"
-    except Exception:
-        load, how = decode_indices.reference_loader(backend, fps), "re-implementation (no vLLM here)"
+    # One file per process, in parallel (a file's CPU seconds are its own process's): a mixed set's window
+    # holds dozens of distinct files, seconds each, which one after the other cost minutes of a GPU lease.
+    paths = list(sent)
+    workers = max(1, min(len(paths), len(os.sched_getaffinity(0))))
+    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        measured = list(pool.map(_replay_one, paths, [backend] * len(paths), [fps] * len(paths)))
     cpu = wall = 0.0
-    for path, count in sent.items():
-        res, _ = decode_indices.measure(Path(path), backend, load)
-        if res.cpu_s is not None:
-            cpu += res.cpu_s * count
-            wall += res.wall_s * count
-    total = sum(sent.values())
-    return {"decode_cpu_s_per_answer": cpu / total, "decode_wall_s_per_answer": wall / total,
-            "decoded_files": len(sent), "how": how}
+    total = 0
+    for (cpu_s, wall_s, _, _), count in zip(measured, sent.values()):
+        if cpu_s is not None:
+            cpu += cpu_s * count
+            wall += wall_s * count
+            total += count
+    failed = [(path, error) for path, (_, _, _, error) in zip(paths, measured) if error]
+    out = {"decode_cpu_s_per_answer": cpu / total if total else None,
+           "decode_wall_s_per_answer": wall / total if total else None, "decoded_files": len(sent) - len(failed),
+           "how": sorted({how for _, _, how, _ in measured})[0], "processes": workers}
+    if failed:  # such a file's request was answered, so the server decoded it: the replay, not the file, failed
+        out["failed_files"] = len(failed)
+        out["first_failure"] = f"{Path(failed[0][0]).name}: {failed[0][1]}"
+    return out
+
+
+_LOADERS: dict = {}
+
+
+def _replay_one(path: str, backend: str, fps: float) -> tuple[float | None, float | None, str, str | None]:
+    """(CPU s, wall s, how, error) of one file through vLLM's loader with ``backend`` (the re-implementation
+    where vLLM is not importable), in a worker process."""
+    if (backend, fps) not in _LOADERS:
+        try:
+            _LOADERS[backend, fps] = decode_indices.vllm_loader(backend, fps), "vLLM's loader"
+        except Exception:
+            _LOADERS[backend, fps] = decode_indices.reference_loader(backend, fps), "re-implementation (no vLLM here)"
+    load, how = _LOADERS[backend, fps]
+    res, _ = decode_indices.measure(Path(path), backend, load)
+    return res.cpu_s, res.wall_s, how, res.error
 
 
 def steady(records, gpu_samples, metrics: MetricsSampler, proc: ProcSampler, config: dict, replay: bool) -> dict:
@@ -347,7 +373,11 @@ def steady(records, gpu_samples, metrics: MetricsSampler, proc: ProcSampler, con
     }
     out["by_post_type"] = by_post_type(records, gpu_samples, config)
     if replay:
-        out["replay"] = replay_decode(records, lo, hi, config)
+        try:
+            out["replay"] = replay_decode(records, lo, hi, config)
+        except Exception as exc:  # a worker lost (BrokenProcessPool), say: the run's own figures still count
+            out["replay"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            logging.getLogger("gpu_steady").warning("decode replay failed: %s", out["replay"]["error"])
         cpu, decoded = out["cpu_s_per_answer"], out["replay"].get("decode_cpu_s_per_answer")
         if "api" in cpu and decoded is not None:  # the multimodal processor and request handling
             cpu["api_besides_decode"] = cpu["api"] - decoded
@@ -371,15 +401,80 @@ def verdict(s: dict) -> str:
 
 # -------------------------------------------------------------------------------------- running
 
+def journal_state(path: Path) -> dict:
+    """What a run's journal holds: records (deduplicated by request, the last wins, as the job reads them), by
+    status, and how many are terminal errors (an error the job will not send again)."""
+    from vidlabel.core.journal import iter_records
+
+    last = {r.get("request_id", i): r for i, r in enumerate(iter_records(path))}
+    by_status: dict[str, int] = {}
+    for r in last.values():
+        key = "ok" if r.get("status") == "ok" else r.get("error_kind") or "error"
+        by_status[key] = by_status.get(key, 0) + 1
+    return {"records": len(last), "by_status": by_status,
+            "terminal": sum(r.get("status") != "ok" and not r.get("retryable") for r in last.values())}
+
+
 def run_variant(args, name: str) -> dict:
     out = Path(args.workdir) / "runs" / name
     out.mkdir(parents=True, exist_ok=True)
+    # A journal this run finds (an earlier run of the variant, or gpu_breaker.py --shared-run-dir's broken
+    # runs): what it held before, so that a run after a broken server shows what the broken one left.
+    before = journal_state(out / "journal.jsonl")
     proc, metrics = ProcSampler(), MetricsSampler(out)
     limit = RequestPhaseLimit(out / "journal.jsonl", args.max_request_phase_s)
     row, records, config, gpu_samples = gc.run_job(args, name, samplers=(proc, metrics, limit))
-    row["steady"] = steady(records, gpu_samples, metrics, proc, config, not args.no_replay)
+    try:
+        row["steady"] = steady(records, gpu_samples, metrics, proc, config, not args.no_replay)
+    except Exception as exc:  # the analysis, not the job: keep the row (and the check below) all the same
+        logging.getLogger("gpu_steady").exception("steady-state analysis failed")
+        row["steady"] = {"error": f"analysis failed: {type(exc).__name__}: {exc}"[:300]}
     row["stopped_by_time_limit"] = limit.fired
+    row["journal_before"] = before
+    row["check"] = check(row, records, _shard(config).num_rows)
     return row
+
+
+def check(row: dict, records: list[dict], shard_requests: int) -> dict:
+    """The mixed set's check (docs/serving.md, "Mixed posts, per post type"): every request of the shard
+    answered ``ok``, every estimate within ±2 % of the served prompt tokens."""
+    ok = [r for r in records if r["status"] == "ok"]
+    within = sum(abs(r["est_prompt_tokens"] / r["prompt_tokens"] - 1) <= 0.02 for r in ok if r.get("prompt_tokens"))
+    return {"shard_requests": shard_requests, "records": len(records), "ok": len(ok), "within_2pct": within,
+            "all_ok": len(ok) == shard_requests and row["error"] is None,
+            "all_within_2pct": within == shard_requests}
+
+
+def check_lines(row: dict, workdir: Path) -> list[str]:
+    """The check in words; and where gpu_breaker.py --shared-run-dir journaled its broken runs into this
+    variant's folder, the breaker's acceptance with this run as its fixed run."""
+    c, before, name = row["check"], row["journal_before"], row["variant"]
+    lines = [f"{name}: the journal held {before['records']} records before this run ({before['terminal']} terminal; "
+             f"{before['by_status'] or 'none'})",
+             f"{name}: {c['ok']} of the shard's {c['shard_requests']} requests ended ok"
+             + ("" if c["all_ok"] else f" (NOT every request: {row['by_kind']}"
+                + ("; stopped by --max-request-phase-s" if row.get("stopped_by_time_limit") else "")
+                + (f"; {row['error']}" if row["error"] else "") + ")")
+             + f"; {c['within_2pct']} of {c['shard_requests']} estimates within ±2 % of the served prompt tokens"]
+    replay = (row.get("steady") or {}).get("replay") or {}
+    if replay.get("failed_files"):
+        lines.append(f"{name}: the decode replay ({replay['how']}) failed on {replay['failed_files']} of "
+                     f"{replay['failed_files'] + replay['decoded_files']} files, e.g. {replay['first_failure'][:300]}")
+    breaker_path = workdir / "gpu_breaker.json"
+    if breaker_path.exists():
+        b = json.loads(breaker_path.read_text())
+        if b.get("run_dir") and Path(b["run_dir"]) == workdir / "runs" / name:
+            runs = b.get("broken_runs") or []
+            stops = ", ".join(f"{r['ready_to_stop_s']:.1f} s" if r.get("ready_to_stop_s") is not None else "no stop"
+                              for r in runs)
+            passed = bool(b.get("broken_passed")) and before["terminal"] == 0 and c["all_ok"]
+            lines.append(
+                f"breaker acceptance ({name} is the fixed run): {len(runs)} broken run(s) stopped {stops} after the "
+                f"server's readiness with the server's message: {'yes' if b.get('broken_passed') else 'NO'}; "
+                f"terminal records they left: {before['terminal']}; the fixed server labelled every post: "
+                f"{'yes' if c['all_ok'] else 'NO'} -> {'PASSED' if passed else 'FAILED'}")
+            row["breaker_acceptance"] = passed
+    return lines
 
 
 def fmt(x, spec=",.0f", unit="") -> str:
@@ -462,6 +557,11 @@ def main(argv=None) -> int:
         results.write_text(json.dumps(previous, indent=1))  # what gpu_classify.py estimate --compare reads
         print(json.dumps({"variant": name, "steady": row["steady"]}), flush=True)
     print(table(rows), flush=True)
+    for row in rows:
+        for line in check_lines(row, Path(args.workdir)):
+            print(line, flush=True)
+    results.write_text(json.dumps([r for r in json.loads(results.read_text()) if r["variant"] not in
+                                   {row["variant"] for row in rows}] + rows, indent=1))  # with the acceptance
     return 0 if all(r["error"] is None or r["stopped_by_time_limit"] for r in rows) else 1
 
 

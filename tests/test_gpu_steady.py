@@ -106,3 +106,37 @@ def test_mixed_posts_are_measured_per_post_type(tmp_path, capsys):
     sent = pq.read_table(work / "data-raw" / "manifest" / "shard-0.parquet", columns=["post_type"]).column(
         "post_type").to_pylist()
     assert sent == sorted(sent, key=gpu_classify.POST_TYPE_ORDER.index)
+
+
+def test_the_steady_run_after_the_breakers_broken_run_is_its_fixed_run(tmp_path):
+    """gpu_breaker.py --shared-run-dir journals its broken runs into the variant's run folder: the steady run
+    that follows reports what the journal held before it, whether every request of the shard ended ok, and
+    the breaker's acceptance with itself as the fixed run."""
+    run_dir = tmp_path / "runs" / "default-@mixed"
+    run_dir.mkdir(parents=True)
+    journal = run_dir / "journal.jsonl"
+    retryable = {"request_id": "a", "status": "error", "error_kind": "server", "retryable": True}
+    journal.write_text(json.dumps(retryable) + "\n" + json.dumps({**retryable, "request_id": "b"}) + "\n")
+    before = gpu_steady.journal_state(journal)
+    assert before == {"records": 2, "by_status": {"server": 2}, "terminal": 0}
+    assert gpu_steady.journal_state(tmp_path / "none.jsonl") == {"records": 0, "by_status": {}, "terminal": 0}
+    records = [{"request_id": str(i), "status": "ok", "est_prompt_tokens": 1010 if i else 1100, "prompt_tokens": 1000}
+               for i in range(3)]
+    row = {"variant": "default-@mixed", "error": None, "by_kind": {"ok": 3}, "journal_before": before}
+    row["check"] = gpu_steady.check(row, records, 3)
+    assert row["check"] == {"shard_requests": 3, "records": 3, "ok": 3, "within_2pct": 2, "all_ok": True,
+                            "all_within_2pct": False}
+    (tmp_path / "gpu_breaker.json").write_text(json.dumps({
+        "run_dir": str(run_dir), "broken_passed": True,
+        "broken_runs": [{"ready_to_stop_s": 2.5, "error": "... No module named 'PyNvVideoCodec' ..."}]}))
+    lines = gpu_steady.check_lines(row, tmp_path)
+    assert lines[0].startswith("default-@mixed: the journal held 2 records before this run (0 terminal")
+    assert "3 of the shard's 3 requests ended ok; 2 of 3 estimates within ±2 %" in lines[1]
+    assert lines[2].startswith("breaker acceptance (default-@mixed is the fixed run): 1 broken run(s) stopped 2.5 s")
+    assert lines[2].endswith("-> PASSED") and row["breaker_acceptance"] is True
+    # A run cut short is no fixed run that labelled every post.
+    short = {**row, "error": "KeyboardInterrupt: ", "by_kind": {"ok": 2}, "stopped_by_time_limit": True}
+    short["check"] = gpu_steady.check(short, records[:2], 3)
+    lines = gpu_steady.check_lines(short, tmp_path)
+    assert "2 of the shard's 3 requests ended ok (NOT every request" in lines[1] and "--max-request-phase-s" in lines[1]
+    assert lines[2].endswith("-> FAILED")
