@@ -26,10 +26,9 @@ instead, to try the script without a GPU). Steps:
 ``prepare``  per media mode (``--modes raw,transcoded``): inventory, transcode (its CPU seconds
              measured) and manifest with vidlabel's stage functions and the default config, and the
              decode cost of the media the server will read; no GPU needed. Mixed posts go through the
-             prepare stage where it writes manifests with items; before that, through
-             mixed_posts.manifest_rows (the per-post gate and image conversion of phase 1) into the
-             same shard, in the manifest's contract. The shard's rows are grouped by post type, so that
-             each type runs a phase of its own (gpu_steady.py reports each type's steady state).
+             same stages (the per-post gate, the photos converted or written smaller by the transcode
+             stage). The shard's rows are grouped by post type, so that each type runs a phase of its
+             own (gpu_steady.py reports each type's steady state).
 ``run``      per variant, ``vidlabel.serve.classify.run_shard`` with the configured server command, which
              starts, uses and stops its own server (``prepare`` runs first where needed). Variants are
              dash-joined words: ``default``, ``transcoded``, ``apiN`` (API servers), ``concN`` (client
@@ -432,17 +431,22 @@ def make_media(args) -> None:
         mixed_lines, mixed = mixed_posts.make(work, media, args.photo_posts, args.carousels, clips, args.seed,
                                               args.jobs, WORDS, CAPTIONS)
         lines += mixed_lines
+        # One transcript row per item with sound (a slideshow's track, a carousel's clips), as the
+        # transcribe stage writes them: (post_id, item_index).
+        transcripts += [(post["post_id"], text, "ok", int(index)) for post in mixed
+                        for index, text in post["transcripts"].items()]
         print(f"media: {len(mixed)} mixed posts ({args.photo_posts} photo posts, {args.carousels} carousels) in "
               f"{time.monotonic() - t0:.1f} s", flush=True)
     (work / "posts.csv").write_text("\n".join(lines) + "\n")
     import pyarrow as pa
     import pyarrow.parquet as pq
     pq.write_table(pa.table({
-        "post_id": [t[0] for t in transcripts], "text": [t[1] for t in transcripts],
+        "post_id": [t[0] for t in transcripts], "item_index": [t[3] if len(t) > 3 else 0 for t in transcripts],
+        "text": [t[1] for t in transcripts],
         "language": ["en"] * len(transcripts), "segments": ["[]"] * len(transcripts),
         "status": [t[2] for t in transcripts], "error": [None] * len(transcripts),
         "audio_s": [None] * len(transcripts)}, schema=pa.schema([
-            ("post_id", pa.string()), ("text", pa.string()), ("language", pa.string()), ("segments", pa.string()),
+            ("post_id", pa.string()), ("item_index", pa.int32()), ("text", pa.string()), ("language", pa.string()), ("segments", pa.string()),
             ("status", pa.string()), ("error", pa.string()), ("audio_s", pa.float64())])),
         work / "transcripts.parquet")
     posts = args.posts if sources else 0
@@ -512,14 +516,6 @@ def prepare(args, mode: str) -> Path:
     if shard.exists():
         return shard
     _, _, transcripts = posts_source(args)
-    mixed = mixed_set(args)
-    if mixed and not mixed_posts.prepare_side_has_items():
-        # This prepare stage reads one video per post: it takes the video posts, mixed_posts the others
-        # (the table beside posts.csv: its paths are relative to it).
-        videos_only = Path(config["posts"]).with_name("posts-videos.csv")
-        lines = Path(config["posts"]).read_text().splitlines()
-        videos_only.write_text("\n".join(line for line in lines if line.split(",")[1] or line == lines[0]) + "\n")
-        config["posts"] = str(videos_only)
     inventory = results / "inventory.parquet"
     t0 = time.monotonic()
     build_inventory(config, inventory, threads=args.jobs)
@@ -535,14 +531,9 @@ def prepare(args, mode: str) -> Path:
     t2 = time.monotonic()
     manifest.build(config, inventory, [t for t in transcripts if t.exists()], chunks, [shard],
                    results / "manifest" / "excluded.parquet", results / "manifest" / "plan.csv")
+    group_by_post_type(shard)
     rows = pq.read_table(shard).to_pylist()
-    if mixed and not mixed_posts.prepare_side_has_items():
-        planned = mixed_posts.manifest_rows(config, mixed, results / "converted-images", args.jobs)
-        print(f"{mode}: {len(planned)} mixed posts planned by mixed_posts (this prepare stage reads one video per "
-              f"post): {sum(bool(r.get('excluded')) for r in planned)} excluded", flush=True)
-        rows = mixed_posts.one_video_rows(rows) + [r for r in planned if not r.get("excluded")]
-    if any("post_type" in r for r in rows):
-        write_grouped_shard(shard, rows)
+    print(f"{mode}: the manifest by post type:\n{manifest.describe(shard.parent)}", flush=True)
     t3 = time.monotonic()
     transcoded = sum(r["status"] == "ok" for c in chunks for r in pq.read_table(c, columns=["status"]).to_pylist())
     sent = [i["media_path"] for r in rows for i in (r.get("items") or [{"kind": "video", **r}])
@@ -558,23 +549,21 @@ def prepare(args, mode: str) -> Path:
     return shard
 
 
-def mixed_set(args) -> list[dict]:
-    """The generated mixed posts (mixed.json of the media step), or none (your own --posts)."""
-    path = Path(args.workdir) / "mixed.json"
-    return json.loads(path.read_text()) if not args.posts and path.exists() else []
-
-
 # The order the shard sends its post types in: each type a phase of its own (gpu_steady.py).
 POST_TYPE_ORDER = ("video", "photo", "slideshow", "carousel", "audio")
 
 
-def write_grouped_shard(shard: Path, rows: list[dict]) -> None:
-    """The shard with its rows grouped by post type (stable within a type), in the contract's schema."""
-    sys.path.insert(0, str(REPO / "tests"))
-    from standin.mixed import write_shard
+def group_by_post_type(shard: Path) -> None:
+    """Rewrite the shard with its rows grouped by post type (stable within a type, the manifest's order)."""
+    import numpy as np
+    import pyarrow.parquet as pq
 
+    from vidlabel.core.io import write_parquet
+
+    table = pq.read_table(shard)
     order = {t: i for i, t in enumerate(POST_TYPE_ORDER)}
-    write_shard(shard, sorted(rows, key=lambda r: order.get(r.get("post_type") or "video", len(order))))
+    rank = np.asarray([order.get(t or "video", len(order)) for t in table.column("post_type").to_pylist()])
+    write_parquet(table.take(np.argsort(rank, kind="stable")), shard)
 
 
 def variant_config(args, name: str) -> tuple[str, dict]:

@@ -7,11 +7,7 @@ clips, beside the video set.
 posts' rows for posts.csv (a ``media`` column: the JSON array of each post's files, in order) and
 ``mixed.json`` (each post's files, caption and transcripts by item).
 
-``manifest_rows`` plans them for a manifest shard in the manifest's contract (docs/outputs.md) where
-the prepare stage cannot yet (no ``post_plan.server_media_limits``): each post through the per-post
-gate (``post_plan.plan_post``), photos the server would misread or that the plan shrinks written by
-``images.convert_image`` at the planned size (multiples of 28 that the server leaves as they are),
-labels, prompt and estimates as tests/standin/mixed.py makes them.
+The workflow's own stages plan them (``gpu_classify.py prepare``: inventory, transcode, manifest).
 """
 
 from __future__ import annotations
@@ -119,69 +115,3 @@ def make(work: Path, media: Path, photo_posts: int, carousels: int, clips: list[
                      f"{post['caption'].replace(',', ' ')}")
     (work / "mixed.json").write_text(json.dumps(posts, indent=1))
     return lines, posts
-
-
-def prepare_side_has_items() -> bool:
-    """The prepare stage writes manifests with items (issue 26's phase 2, vidlabel.prepare.post_plan)."""
-    from vidlabel.prepare import post_plan
-
-    return hasattr(post_plan, "server_media_limits")
-
-
-def manifest_rows(config: dict, posts: list[dict], converted: Path, jobs: int) -> list[dict]:
-    """Manifest rows of ``posts`` (mixed.json's) in the contract (module docstring)."""
-    import sys
-
-    sys.path.insert(0, str(REPO / "tests"))
-    from standin.mixed import post_row
-
-    from vidlabel.prepare import images, post_plan
-    from vidlabel.prepare.items import probe_item
-
-    def plan(post: dict) -> dict:
-        files, transcripts = post["files"], {int(k): v for k, v in post["transcripts"].items()}
-        infos = [probe_item(f) for f in files]
-        first = post_row(config, post["post_id"], files, post["caption"], transcripts)
-        # The clips as they are (a smaller clip would need the transcode step's files): their tokens are
-        # fixed, and the gate picks the highest image bound that fits beside them.
-        fixed = first["est_text_tokens"] + first["est_video_tokens"]
-        photos = [post_plan.Item("image", i["width"], i["height"]) for i in infos if i["kind"] == "image"]
-        decided = post_plan.plan_post(config, photos, fixed)
-        if decided.action == "too_long":
-            return {**first, "plan": decided.plan, "excluded": True}
-        image_plans = iter(decided.items)
-        sent = []
-        for j, (f, info) in enumerate(zip(files, infos)):
-            if info["kind"] != "image":
-                sent.append(f)
-                continue
-            item_plan = next(image_plans)
-            smaller = item_plan.max_pixels < config["planning"]["image_max_pixels"]
-            if images.server_image_problem(images.probe_image(f) or {}) or smaller:
-                dst = converted / f"{post['post_id']}-{j:02d}.jpg"
-                if not dst.exists():
-                    images.convert_image(f, dst, (item_plan.width, item_plan.height) if smaller else None)
-                sent.append(str(dst))
-            else:
-                sent.append(f)
-        row = post_row(config, post["post_id"], sent, post["caption"], transcripts)
-        for item, original in zip(row["items"], files):
-            item["path"] = str(Path(original).resolve())
-        return {**row, "plan": decided.plan}
-
-    converted.mkdir(parents=True, exist_ok=True)
-    with cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as workers:
-        return list(workers.map(plan, posts))
-
-
-def one_video_rows(rows: list[dict]) -> list[dict]:
-    """A one-video manifest's rows in the contract: each post one unlabelled video item."""
-    out = []
-    for r in rows:
-        item = {"index": 0, "kind": "video", "path": r.get("video_path") or r["media_path"],
-                "media_path": r["media_path"], "label": None,
-                "est_tokens": int(r["est_visual_tokens"]) + 2 if r.get("est_visual_tokens") is not None else None,
-                "transcript_id": r.get("transcript_id")}
-        out.append({**r, "items": [item], "post_type": "video", "n_videos": 1, "n_images": 0, "n_audio": 0,
-                    "est_video_tokens": item["est_tokens"], "est_image_tokens": 0, "items_dropped": None})
-    return out
