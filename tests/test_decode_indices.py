@@ -156,3 +156,36 @@ def test_decode_indices_script_compares_each_backend_with_the_default(zoo, tmp_p
     assert rows["rotated", "opencv"]["shape"][1:3] == [1280, 720] and rows["rotated", "pyav"]["shape"][1:3] == [720, 1280]
     table = di.table([di.Result(**r) for r in json.loads((tmp_path / "decode_indices.json").read_text())])
     assert "| fmt-vfr.mp4 | torchcodec |" in table and "**no**" in table
+
+
+def test_the_default_decoder_reads_the_frames_the_estimate_counts_or_the_file_is_transcoded(zoo):
+    """The visual tokens of a video are its decoded frame pairs: a file the planner sends as it is must
+    decode, with vLLM's OpenCV path, as many frames as the estimate counts (the served prompt tokens then
+    match the plan). A file whose header's frame count over its rate is not the duration it shows (an MP4
+    edit list, a variable frame rate) is sampled over the header's count: transcoded (measured on vLLM 0.26:
+    an edit-list file's estimate / served 0.813 before this)."""
+    from vidlabel.prepare import tokens as tk
+
+    _, files, infos = zoo
+    cfg = config_for("cpu")
+    sampling = tk.Sampling.from_config(cfg)
+    sent_as_is = []
+    for name, path in sorted(files.items()):
+        info = infos[name]
+        if info["probe_error"] is not None:
+            continue
+        plan = planning.plan_posts(cfg, [info["duration_s"]], [info["fps"] or 0.0], [info["width"]],
+                                   [info["height"]], [200], formats=formats_of([info]))
+        if plan.action[0] != "as-is":
+            continue
+        sent_as_is.append(name)
+        expected = int(tk.qwen_frames([info["duration_s"]], [info["fps"] or 0.0], sampling)[0])
+        read = vv.load(path, "opencv")
+        assert read.error is None, (name, read.error)
+        decoded = -(-len(read.valid) // 2) * 2  # the processor pads an odd count to whole pairs
+        assert decoded == expected, (name, len(read.valid), expected, info)
+    assert "vfr" not in sent_as_is and "edit-list" not in sent_as_is
+    assert {"no-audio", "60fps", "4k-portrait", "hevc-8bit", "quicktime"} <= set(sent_as_is)
+    problems = planning.sampler_frames_problem(cfg, formats_of([infos["edit-list"], infos["vfr"], infos["no-audio"]]))
+    assert "edit list" in problems[0] and "would sample 6 frames where the estimate counts 4" in problems[0]
+    assert problems[1] is not None and problems[2] is None

@@ -148,6 +148,7 @@ def video_problems(config: dict, posts: list[MixedPost]) -> dict[tuple[str, int]
     problem = planning.server_media_problem(formats.codec, table.column("duration_s").to_pylist(),
                                             table.column("fps").to_pylist())
     problem = np.where(problem == None, decode.unreadable(config, formats), problem)  # noqa: E711
+    problem = np.where(problem == None, planning.sampler_frames_problem(config, formats), problem)  # noqa: E711
     return {(pid, item["index"]): why for (pid, item), why in zip(videos, problem) if why is not None}
 
 

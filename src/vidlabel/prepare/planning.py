@@ -181,6 +181,32 @@ def server_media_problem(video_codec, duration_s, source_fps) -> np.ndarray:
     return out
 
 
+def sampler_frames_problem(config: dict, formats: decode.Formats) -> np.ndarray:
+    """Per post, why the default decoder would sample another number of frames than the estimate counts
+    (None: the same). vLLM's OpenCV path takes a video's length as the header's frame count over its rate
+    (``CAP_PROP_FRAME_COUNT / CAP_PROP_FPS``), the estimate the duration the container shows: an MP4 edit
+    list that shows less than the header's frames, or a variable frame rate, can make the two sample
+    counts differ (measured on vLLM 0.26: one edit-list file served 1.23x its estimate, all others within
+    2 %). Such a file is transcoded, after which both count the same frames. Judged only for the default
+    decoder (the others' frame counts: ``vidlabel.serve.decode.unreadable``) and where the inventory has
+    the header's count."""
+    n = len(formats.codec)
+    out = np.full(n, None, dtype=object)
+    if decode.backend(config) != decode.DEFAULT_BACKEND or formats.header_frames is None or formats.duration_s is None:
+        return out
+    frames, fps, shown = (np.nan_to_num(np.asarray(a, dtype=np.float64), nan=0.0)
+                          for a in (formats.header_frames, formats.fps, formats.duration_s))
+    known = (frames > 0) & (fps > 0) & (shown > 0)
+    header_s = np.divide(frames, fps, out=np.zeros(n), where=known)
+    s = tk.Sampling.from_config(config)
+    by_header, by_shown = tk.qwen_frames(header_s, fps, s), tk.qwen_frames(shown, fps, s)
+    for i in np.flatnonzero(known & (by_header != by_shown)):
+        out[i] = (f"the header's {frames[i]:.0f} frames at {fps[i]:.3f} fps ({header_s[i]:.2f} s) against the "
+                  f"{shown[i]:.2f} s the file shows (an edit list or a variable frame rate): the server's decoder "
+                  f"would sample {by_header[i]} frames where the estimate counts {by_shown[i]}")
+    return out
+
+
 # ------------------------------------------------------------------ text
 
 def render_prompts(config: dict, captions, transcripts) -> list[str]:
@@ -359,6 +385,7 @@ def plan_posts(config: dict, duration_s, source_fps, width, height, text_tokens,
         formats = decode.Formats(codec=np.asarray(video_codec if video_codec is not None else [None] * n,
                                                   dtype=object))
     problem = np.where(problem == None, decode.unreadable(config, formats), problem)  # noqa: E711
+    problem = np.where(problem == None, sampler_frames_problem(config, formats), problem)  # noqa: E711
     for i in np.flatnonzero(problem != None):  # noqa: E711 (elementwise)
         if action[i] == "as-is":
             action[i] = "replan"
