@@ -524,7 +524,8 @@ def prepare(args, mode: str) -> Path:
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     with cf.ThreadPoolExecutor(max_workers=args.jobs) as pool:
         list(pool.map(lambda i: transcode.run_chunk(config, inventory, i, chunks[i],
-                                                    config["planning"]["transcode"]["media_dir"]),
+                                                    config["planning"]["transcode"]["media_dir"],
+                                                    transcript_paths=[t for t in transcripts if t.exists()]),
                       range(args.jobs)))
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     transcode_cpu = (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime)

@@ -5,5 +5,5 @@ from vidlabel.prepare.transcode import run_chunk
 
 configure(snakemake.log[0])
 config = for_job(snakemake.config, "transcode")
-run_chunk(config, snakemake.input[0], int(snakemake.wildcards.chunk), snakemake.output[0],
-          snakemake.params.media_dir)
+run_chunk(config, snakemake.input.inventory, int(snakemake.wildcards.chunk), snakemake.output[0],
+          snakemake.params.media_dir, transcript_paths=list(snakemake.input.transcripts))

@@ -87,7 +87,8 @@ EDITED_QUESTIONS = [dict(QUESTIONS[0], text="Is a product advertised?"), QUESTIO
     # Another model labels the same manifest into its own folder (results/models/<name>).
     ({"classify": {"model": "Qwen/Qwen2.5-VL-7B-Instruct"}}, FROM_CLASSIFY),
     ({"planning": {"fps": 1, "transcode": {"chunks": 1}}}, {"transcode": 1, "manifest": 1, **FROM_CLASSIFY}),
-    ({"transcribe": {"beam_size": 2}}, {"transcribe": 2, "manifest": 1, **FROM_CLASSIFY}),
+    # transcode too: it plans with the transcripts (its files are reused where the plan is the same).
+    ({"transcribe": {"beam_size": 2}}, {"transcribe": 2, "transcode": 1, "manifest": 1, **FROM_CLASSIFY}),
     ({"classify": {"server_args": "--enforce-eager"}}, FROM_CLASSIFY),
     ({"stats": {"confidence": 0.9}}, {"aggregate": 1, "all": 1}),
 ], ids=["nothing", "operational", "question-text", "model", "planning", "transcription", "server-args",

@@ -1,8 +1,11 @@
 # Always runs: with planning.transcode.enabled false it only re-encodes the videos that must be
-# re-planned to fit the context, so a chunk is usually empty and takes a second.
+# re-planned to fit the context (and converts the photos the server would misread or that must be
+# smaller), so a chunk is usually small. It plans with the real transcripts, as the manifest does: a
+# speech allowance in their place let the two plans disagree (a photo post planned to its last token).
 rule transcode:
     input:
-        rules.inventory.output,
+        inventory=rules.inventory.output[0],
+        transcripts=transcript_chunks,
     output:
         f"{RESULTS}/transcoded/chunk-{{chunk}}.parquet",
     params:

@@ -15,9 +15,9 @@ by the server (a codec it does not decode, too few frames), so the rule can alwa
 short for the planned rate is written with enough frames for the model
 (``planning.transcode_target``); a file with fewer is an error record. Every other post (photos,
 slideshows, carousels) is planned by ``vidlabel.prepare.item_targets``, which says for each item
-whether it is transcoded, re-encoded from its animation frames or converted to JPEG. Without
-transcripts (the rule may run before transcription) a speech allowance by duration stands in for
-the transcripts' tokens.
+whether it is transcoded, re-encoded from its animation frames or converted to JPEG. The rule plans
+with the transcripts, as the manifest does, so that both make the same plan; called without them (a
+benchmark, a test) a speech allowance by duration stands in for the transcripts' tokens.
 
 Resume: every finished item (ok or error) is appended to the journal ``<output>.jsonl`` under its
 transcode key (source file, size, modification time, the target: fps, size, trim, crf, kind of
