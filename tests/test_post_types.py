@@ -528,6 +528,8 @@ def test_old_inventory_and_manifest_still_merge_and_aggregate(tmp_path):
     a post whose probe failed has no type. Then labels.parquet without the post's columns at all."""
     from vidlabel.prepare.manifest import SHARD_SCHEMA
 
+    # The shard's columns before posts had items: everything up to the plan.
+    old_shard = pa.schema(list(SHARD_SCHEMA)[:SHARD_SCHEMA.get_field_index("plan") + 1])
     rng = np.random.default_rng(4)
     n = 120
     ids = [f"v{i:03d}" for i in range(n)]
@@ -544,15 +546,15 @@ def test_old_inventory_and_manifest_still_merge_and_aggregate(tmp_path):
     sent = [p for p in ids if p not in broken | too_long]
     visual = {p: int(rng.integers(1_000, 20_000)) for p in sent}
     text = {p: int(rng.integers(100, 500)) for p in sent}
-    manifest = {c: [] for c in SHARD_SCHEMA.names}
+    manifest = {c: [] for c in old_shard.names}
     for p in sent:
         row = {"request_id": f"r{p}", "post_id": p, "video_path": f"/data/{p}.mp4", "media_path": f"/data/{p}.mp4",
                "caption": "c", "transcript": "", "transcript_status": "no_audio", "transcript_id": None,
                "prompt": "Q?", "est_visual_tokens": visual[p], "est_text_tokens": text[p],
                "est_prompt_tokens": visual[p] + text[p], "plan": "as-is"}
-        for c in SHARD_SCHEMA.names:
+        for c in old_shard.names:
             manifest[c].append(row[c])
-    pq.write_table(pa.table(manifest, schema=SHARD_SCHEMA), tmp_path / "manifest-0.parquet")
+    pq.write_table(pa.table(manifest, schema=old_shard), tmp_path / "manifest-0.parquet")
     answers = {p: "yes" if rng.random() < 0.3 else "no" for p in sent}
     old_schema = pa.schema([f for f in LABEL_SCHEMA if f.name != "error_item"])  # shards before error_item
     record = {"request_id": [f"r{p}" for p in sent], "post_id": sent, "shard": [0] * len(sent),
