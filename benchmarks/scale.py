@@ -223,7 +223,8 @@ def stage_merge(workdir: Path, config: dict, args) -> dict:
 
     p = paths(workdir, config)
     for name, labels in p["labels"].items():
-        merge.merge(config, p["inventory"], p["excluded"], p["label_shards"][name], labels, manifest_paths=p["manifest"])
+        merge.merge(config, p["inventory"], p["excluded"], p["label_shards"][name], labels,
+                    manifest_paths=p["manifest"])
     first = next(iter(p["labels"].values()))
     return {"rows": pq.read_metadata(first).num_rows, "mb": round(first.stat().st_size / 2**20, 1),
             "models": len(p["labels"])}

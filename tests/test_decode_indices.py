@@ -186,6 +186,6 @@ def test_the_default_decoder_reads_the_frames_the_estimate_counts_or_the_file_is
         assert decoded == expected, (name, len(read.valid), expected, info)
     assert "vfr" not in sent_as_is and "edit-list" not in sent_as_is
     assert {"no-audio", "60fps", "4k-portrait", "hevc-8bit", "quicktime"} <= set(sent_as_is)
-    problems = planning.sampler_frames_problem(cfg, formats_of([infos["edit-list"], infos["vfr"], infos["no-audio"]]))
+    problems = planning.sampler_frames_problem(cfg, formats_of([infos[n] for n in ("edit-list", "vfr", "no-audio")]))
     assert "edit list" in problems[0] and "would sample 6 frames where the estimate counts 4" in problems[0]
     assert problems[1] is not None and problems[2] is None

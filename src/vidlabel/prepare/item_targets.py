@@ -70,6 +70,7 @@ class ItemWork:
     height: int = 0
     trim_s: float | None = None  # a one-video post's plan may cut the video short
     plan_action: str = "replan"  # the post's plan: as-is (the file alone is the problem) or replan
+    required: bool = True  # False: only planning.transcode.enabled asks for it (the original may be sent)
 
 
 def split_posts(items: pa.Table) -> tuple[np.ndarray, list[MixedPost]]:
@@ -166,16 +167,16 @@ def work(config: dict, post: MixedPost, post_plan_: post_plan.PostPlan,
         if item["kind"] == "video":
             src_fps = item["fps"] or 0.0
             lowered = planned.max_pixels != s.max_pixels or planned.fps < min(s.fps, src_fps or s.fps) - 1e-9
-            why = ("; ".join(w for w in (post_plan_.plan if lowered else None, problems.get(key),
-                                          "planning.transcode.enabled" if enabled else None) if w))
-            if not why:
+            reasons = [w for w in (post_plan_.plan if lowered else None, problems.get(key)) if w]
+            if not reasons and not enabled:
                 continue
             fps, width, height = planning.transcode_target(config, [planned.fps], planned.max_pixels,
                                                            [item["width"] or 0], [item["height"] or 0], [src_fps],
                                                            [item["duration_s"] or 0])
             action = "animation" if (item["video_codec"] or "").lower() in ANIMATION_CODECS else "transcode"
-            out.append(ItemWork(post.post_id, item["index"], "video", item["path"], action, why, float(fps[0]),
-                                int(width[0]), int(height[0]), plan_action=post_plan_.action))
+            out.append(ItemWork(post.post_id, item["index"], "video", item["path"], action,
+                                "; ".join(reasons) or "planning.transcode.enabled", float(fps[0]), int(width[0]),
+                                int(height[0]), plan_action=post_plan_.action, required=bool(reasons)))
         elif item["kind"] == "image":
             lowered = planned.max_pixels < bounds.max_pixels
             why = "; ".join(w for w in (post_plan_.plan if lowered else None, item_image_problem(item)) if w)

@@ -27,7 +27,6 @@ from vidlabel.prepare.item_targets import MixedPost
 ITEM_TYPE = pa.struct([("index", pa.int64()), ("kind", pa.string()), ("path", pa.string()),
                        ("media_path", pa.string()), ("label", pa.string()), ("est_tokens", pa.int64()),
                        ("transcript_id", pa.string())])
-PLANNED_ONLY_BY_SETTING = "planning.transcode.enabled"  # the one reason an original may still be sent
 
 
 @dataclass
@@ -71,7 +70,8 @@ def post_rows(config: dict, posts: list[MixedPost], transcripts: dict[tuple[str,
             for item in post.items:
                 row = transcripts.get((post.post_id, item["index"])) or {}
                 if item["kind"] in SOUND_KINDS and row.get("status") not in item_targets.KNOWN_TRANSCRIPT:
-                    missing.append(f"item {item['index']}: {row.get('error') or 'no transcript in the transcript chunks'}")
+                    why = row.get("error") or "no transcript in the transcript chunks"
+                    missing.append(f"item {item['index']}: {why}")
             out.excluded.append((post.post_id, first_path, "transcript_error", "; ".join(missing)))
             continue
         plan = item_targets.plan(config, post, text_tokens)
@@ -84,12 +84,11 @@ def post_rows(config: dict, posts: list[MixedPost], transcripts: dict[tuple[str,
             tc = transcoded.get((post.post_id, item["index"]))
             ok = tc if tc is not None and tc["status"] == "ok" else None
             work = needed.get(item["index"])
-            if ok is None and work is not None and work.why != PLANNED_ONLY_BY_SETTING:
-                why = work.why.replace(f"; {PLANNED_ONLY_BY_SETTING}", "")
-                refusal = (("transcode_error", f"item {item['index']}: {why}; transcode failed: {tc['error']}")
+            if ok is None and work is not None and work.required:
+                refusal = (("transcode_error", f"item {item['index']}: {work.why}; transcode failed: {tc['error']}")
                            if tc is not None else
-                           ("too_long", f"item {item['index']} needs a new file ({why}) but the transcode stage has "
-                                        "none: run the transcode rule"))
+                           ("too_long", f"item {item['index']} needs a new file ({work.why}) but the transcode stage "
+                                        "has none: run the transcode rule"))
                 break
             if work is not None and ok is None:
                 notes.append(f"item {item['index']} as-is (transcode failed: {str(tc['error'])[:200]})"
@@ -128,8 +127,8 @@ def post_rows(config: dict, posts: list[MixedPost], transcripts: dict[tuple[str,
 
 def limits(rows: list[dict], one_video_largest: int, one_video_posts: int) -> dict[str, int]:
     """What the server must accept for the kept posts (``post_plan.write_media_limits``)."""
-    counts = {k: max([r[f"n_{k}s" if k != "audio" else "n_audio"] for r in rows], default=0)
-              for k in ("image", "video", "audio")}
+    columns = {"image": "n_images", "video": "n_videos", "audio": "n_audio"}
+    counts = {kind: max([r[column] for r in rows], default=0) for kind, column in columns.items()}
     if one_video_posts:
         counts["video"] = max(counts["video"], 1)
     largest = max([one_video_largest, *(i["est_tokens"] for r in rows for i in r["items"])], default=0)
