@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from vidlabel.prepare import planning, post_plan
 from vidlabel.prepare import tokens as tk
@@ -76,20 +77,21 @@ class ItemWork:
 def split_posts(items: pa.Table) -> tuple[np.ndarray, list[MixedPost]]:
     """(the item rows, among ``items`` (``inventory.items_table``), of the posts that are one usable video
     alone, the other posts with usable items). Items with a probe error are left out of both."""
-    rows = items.to_pylist()
-    by_post: dict[str, list[int]] = {}
-    for i, row in enumerate(rows):
-        if row["kind"] is not None and row["probe_error"] is None:
-            by_post.setdefault(row["post_id"], []).append(i)
-    one_video, mixed = [], []
-    for post_id, positions in by_post.items():
-        if len(positions) == 1 and rows[positions[0]]["kind"] == "video":
-            one_video.append(positions[0])
-            continue
-        post_items = [rows[i] for i in positions]
-        mixed.append(MixedPost(post_id, post_items[0]["caption"], post_items,
-                               item_labels(i["kind"] for i in post_items)))
-    return np.asarray(one_video, dtype=np.int64), mixed
+    # Vectorised: at a million one-video posts only the others become Python objects.
+    usable = pc.and_(pc.is_valid(items.column("kind")), pc.is_null(items.column("probe_error")))
+    positions = np.flatnonzero(usable.to_numpy(zero_copy_only=False))
+    post_codes = pc.dictionary_encode(items.column("post_id").take(positions)).combine_chunks().indices
+    codes = post_codes.to_numpy(zero_copy_only=False)
+    alone = np.bincount(codes)[codes] == 1 if len(codes) else np.zeros(0, bool)
+    video = (pc.equal(items.column("kind").take(positions), "video").to_numpy(zero_copy_only=False)
+             if len(positions) else np.zeros(0, bool))
+    one_video = positions[alone & video]
+    by_post: dict[str, list[dict]] = {}
+    for row in items.take(pa.array(positions[~(alone & video)], pa.int64())).to_pylist():
+        by_post.setdefault(row["post_id"], []).append(row)
+    mixed = [MixedPost(post_id, rows[0]["caption"], rows, item_labels(i["kind"] for i in rows))
+             for post_id, rows in by_post.items()]
+    return one_video.astype(np.int64), mixed
 
 
 def spoken_text(post: MixedPost, transcripts: dict[tuple[str, int], dict] | None) -> tuple[str, str]:
