@@ -57,8 +57,11 @@ def test_a_task_shows_every_item_of_a_post_under_its_label(tmp_path):
                    manifest[0])
     manifest = manifest[:1]
     inventory = tmp_path / "inventory.parquet"
-    pq.write_table(pa.table({"post_id": [p for p in carousel for _ in range(4)], "item_index": [0, 1, 2, 3] * 40,
-                             "fps": pa.array([None, 25.0, None, None] * 40, pa.float64())}), inventory)
+    # One row per post, each item's frame rate in its items (the post's own is another: not the one shown).
+    item_rates = pa.list_(pa.struct([("index", pa.int32()), ("fps", pa.float64())]))
+    pq.write_table(pa.table({"post_id": carousel, "fps": pa.array([99.0] * 40, pa.float64()),
+                             "items": pa.array([[{"index": i, "fps": 25.0 if i == 1 else None} for i in range(4)]] * 40,
+                                               item_rates)}), inventory)
     transcripts = tmp_path / "transcripts.parquet"
     pq.write_table(pa.table({"transcript_id": [f"t-{p}" for p in carousel] + [f"s-{p}" for p in carousel],
                              "text": ["pizza"] * 40 + ["la la"] * 40, "status": ["ok"] * 80}), transcripts)

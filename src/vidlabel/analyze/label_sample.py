@@ -78,9 +78,15 @@ SELECT s.post_id, s.post_id IN (SELECT post_id FROM manifest) AS found, {columns
 FROM sampled s LEFT JOIN manifest m USING (post_id)
 ORDER BY s.position
 """
-# Each item's frame rate from the inventory (Label Studio's frameRate): one row per item where the
-# inventory has them (item_index), else one per post (a one-video inventory).
-INVENTORY_FPS_SQL = "SELECT post_id, {index} AS item_index, fps FROM inventory WHERE post_id IN (SELECT post_id FROM sampled)"
+# Each item's frame rate from the inventory (Label Studio's frameRate): from each post's items where the
+# inventory has them, else the post's own (an inventory written before items).
+INVENTORY_ITEM_FPS_SQL = """
+SELECT post_id, item.index AS item_index, item.fps AS fps
+FROM (SELECT post_id, unnest(items) AS item FROM inventory WHERE post_id IN (SELECT post_id FROM sampled))
+"""
+INVENTORY_POST_FPS_SQL = """
+SELECT post_id, NULL AS item_index, fps FROM inventory WHERE post_id IN (SELECT post_id FROM sampled)
+"""
 # Transcript texts by identity, for the items of the sampled posts.
 TRANSCRIPTS_SQL = "SELECT transcript_id, text FROM transcripts WHERE transcript_id IS NOT NULL AND status = 'ok'"
 
@@ -337,9 +343,9 @@ def _sample_rows(con, manifest_paths, inventory_path, transcript_paths, post_ids
     fps: dict[tuple[str, int | None], float | None] = {}
     if inventory_path is not None:
         duck.parquet_view(con, "inventory", inventory_path)
-        by_item = "item_index" in {row[0] for row in con.execute("DESCRIBE inventory").fetchall()}
+        by_item = "items" in {row[0] for row in con.execute("DESCRIBE inventory").fetchall()}
         fps = {(post_id, index): rate for post_id, index, rate in
-               con.execute(INVENTORY_FPS_SQL.format(index="item_index" if by_item else "NULL")).fetchall()}
+               con.execute(INVENTORY_ITEM_FPS_SQL if by_item else INVENTORY_POST_FPS_SQL).fetchall()}
     texts: dict[str, str] = {}
     if transcript_paths:
         duck.parquet_view(con, "transcripts", transcript_paths, union_by_name=True)
