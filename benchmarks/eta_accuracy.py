@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from standin.shards import make_config, manifest_rows, write_manifest  # noqa: E402
 
-from vidlabel import estimate  # noqa: E402
+from vidlabel.serve import estimate  # noqa: E402
 from vidlabel.serve import classify
 
 

@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from vidlabel import models  # noqa: E402
+from vidlabel.core import models  # noqa: E402
 from vidlabel.core import config as cfgmod
 from vidlabel.serve.record import LABEL_SCHEMA  # noqa: E402
 
