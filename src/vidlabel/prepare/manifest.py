@@ -99,11 +99,12 @@ def _keyed(table: pa.Table | None) -> pa.Table | None:
     return table.append_column("item_key", _item_keys(table.column("post_id").combine_chunks(), index))
 
 
-def _by_item(table: pa.Table | None) -> dict[tuple[str, int], dict]:
-    """Rows by (post_id, item_index), the last row of each winning."""
-    if table is None:
+def _by_item(table: pa.Table | None, post_ids: list[str]) -> dict[tuple[str, int], dict]:
+    """The rows of ``post_ids`` by (post_id, item_index), the last row of each winning."""
+    if table is None or not post_ids:
         return {}
-    return {(r["post_id"], int(r.get("item_index") or 0)): r for r in table.to_pylist()}
+    mine = table.filter(pc.is_in(table.column("post_id"), value_set=pa.array(post_ids, pa.string())))
+    return {(r["post_id"], int(r.get("item_index") or 0)): r for r in mine.to_pylist()}
 
 
 def _lookup(keys: pa.Array, table: pa.Table | None, column: str, dtype) -> pa.Array:
@@ -153,8 +154,10 @@ def build(config: dict, inventory_path, transcript_paths, transcode_paths, shard
     caption = ok.column("caption").combine_chunks().cast(pa.string())
     num = {k: np.nan_to_num(ok.column(k).combine_chunks().cast(pa.float64()).to_numpy(zero_copy_only=False),
                             nan=0.0) for k in ("duration_s", "fps", "width", "height")}
-    dropped = ({} if "items_dropped" not in inv.column_names else
-               {p: d for p, d in zip(inv.column("post_id").to_pylist(), inv.column("items_dropped").to_pylist()) if d})
+    dropped: dict[str, str] = {}
+    if "items_dropped" in inv.column_names:
+        some = inv.select(["post_id", "items_dropped"]).filter(pc.is_valid(inv.column("items_dropped")))
+        dropped = dict(zip(some.column("post_id").to_pylist(), some.column("items_dropped").to_pylist()))
 
     # Transcripts: ok -> the text; no_audio -> none; error or missing -> unavailable (module docstring).
     tr = _keyed(_read_many(transcript_paths, ["post_id", "item_index", "text", "status", "error", "transcript_id"]))
@@ -231,7 +234,9 @@ def build(config: dict, inventory_path, transcript_paths, transcode_paths, shard
     media_path = pc.if_else(pa.array(has_tc), _lookup(keys, tc, "media_path", pa.string()), video_path)
 
     # Posts of several items (vidlabel.prepare.mixed_rows), after the posts of one video.
-    many = mixed_rows.post_rows(config, mixed, _by_item(tr), _by_item(tc), dropped, exclude_unavailable)
+    mixed_ids = [p.post_id for p in mixed]
+    many = mixed_rows.post_rows(config, mixed, _by_item(tr, mixed_ids), _by_item(tc, mixed_ids), dropped,
+                                exclude_unavailable)
     if many.excluded:
         excluded.append(_excluded_table(*map(list, zip(*many.excluded))))
     n_one = len(keep)
