@@ -49,8 +49,13 @@ def probe(path: str) -> VideoInfo:
             raise CannotOpen("no video stream")
         stream = container.streams.video[0]
         fps = float(stream.average_rate or 0)
-        frames = stream.frames or int(round(float(stream.duration * stream.time_base) * fps)
-                                      if stream.duration else 0)
+        # OpenCV's FFmpeg reader (vLLM's default decoder): the header's count, else the duration times the rate,
+        # the container's duration first (Matroska and WebM streams carry none of their own).
+        if container.duration:
+            seconds = container.duration / av.time_base
+        else:
+            seconds = float(stream.duration * stream.time_base) if stream.duration else 0.0
+        frames = stream.frames or int(math.floor(seconds * fps + 0.5))
         try:
             first = next(container.decode(stream), None)
         except av.error.FFmpegError:
