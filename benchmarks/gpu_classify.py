@@ -296,14 +296,14 @@ def decode_cost(paths: list[str], jobs: int) -> dict | None:
 def visual_tokens(paths: list[str]) -> tuple[int, float]:
     """Visual tokens at the default config (vidlabel's estimate) and seconds of video of the files."""
     from vidlabel.core import config as vconfig
-    from vidlabel.prepare import tokens as tk
+    from vidlabel.prepare import planning
     from vidlabel.prepare.media import probe
 
     config = vconfig.load(REPO / "config" / "config.yaml", {"posts": "p", "media_root": "/"})
     infos = [probe(p) for p in paths]
     infos = [i for i in infos if not i["probe_error"]]
-    est = tk.estimate_visual(config, [i["duration_s"] for i in infos], [i["fps"] or 0 for i in infos],
-                             [i["width"] for i in infos], [i["height"] for i in infos])
+    est = planning.video_estimate(config, [i["duration_s"] for i in infos], [i["fps"] or 0 for i in infos],
+                                  [i["width"] for i in infos], [i["height"] for i in infos])
     return int(est.tokens.sum()), float(sum(i["duration_s"] for i in infos))
 
 

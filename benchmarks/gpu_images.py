@@ -40,13 +40,22 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from vidlabel.demo_mixed import camera_photo  # noqa: E402
-from vidlabel.prepare import tokens as tk  # noqa: E402
+from vidlabel import families  # noqa: E402
 from vidlabel.prepare.items import probe_item  # noqa: E402
 
 PHOTOS = {"portrait.jpg": ((1080, 1920), None, "JPEG"), "sideways.jpg": ((1920, 1080), 6, "JPEG"),
           "feed.webp": ((1080, 1350), None, "WEBP"), "camera.jpg": ((4000, 3000), None, "JPEG"),
           "small.jpg": ((300, 200), None, "JPEG")}
-HYPOTHESES = {"flat": tk.ImageBounds(100352, 602112), "split": tk.ImageBounds(), "split-size": tk.ImageBounds()}
+Q25 = families.by_name("qwen2_5_vl")
+# What each form of the pixel bounds would make of a photo: the flat pair bounds photos like video frames.
+HYPOTHESES = {"flat": families.ImageBounds(Q25.default_sampling.min_pixels, Q25.default_sampling.max_pixels),
+              "split": Q25.default_image_bounds, "split-size": Q25.default_image_bounds}
+# The --mm-processor-kwargs of each form, for the frames' and the photos' bounds.
+FORMS = {"flat": lambda v, i: {"min_pixels": v.min_pixels, "max_pixels": v.max_pixels},
+         "split": lambda v, i: {"images_kwargs": {"min_pixels": i.min_pixels, "max_pixels": i.max_pixels},
+                                "videos_kwargs": {"min_pixels": v.min_pixels, "max_pixels": v.max_pixels}},
+         "split-size": lambda v, i: {"images_kwargs": {"size": {"shortest_edge": i.min_pixels, "longest_edge": i.max_pixels}},
+                                     "videos_kwargs": {"size": {"shortest_edge": v.min_pixels, "longest_edge": v.max_pixels}}}}
 TEXT = "Describe the picture in one word."
 
 
@@ -77,7 +86,7 @@ def check(workdir: Path, url: str, model: str, expect: str) -> int:
         status, body = chat(url, model, [{"type": "image_url", "image_url": {"url": (workdir / name).as_uri()}},
                                          {"type": "text", "text": TEXT}])
         served = body["usage"]["prompt_tokens"] - base if status == 200 else f"HTTP {status}"
-        guesses = {h: int(tk.image_tokens([info["width"]], [info["height"]], b)[0]) for h, b in HYPOTHESES.items()}
+        guesses = {h: int(Q25.image_tokens([info["width"]], [info["height"]], b)[0]) for h, b in HYPOTHESES.items()}
         wrong += served != guesses[expect]
         print(f"{name:14} {served!s:>7} " + " ".join(f"{g:>10}" for g in guesses.values()))
     many = [{"type": "image_url", "image_url": {"url": (workdir / "small.jpg").as_uri()}}] * 6
@@ -88,14 +97,8 @@ def check(workdir: Path, url: str, model: str, expect: str) -> int:
 
 
 def flags(form: str) -> str:
-    """The server's --mm-processor-kwargs JSON in ``form``, as vidlabel's default config writes it."""
-    from vidlabel.core import config as vconfig
-    from vidlabel.serve.command import mm_processor_kwargs
-    from vidlabel.serve.settings import ServeSettings
-
-    config = vconfig.validate({"posts": "posts.csv", "media_root": "/", "planning": {"transcode": {"enabled": False},
-                                                                                    "over_limit": "exclude"}})
-    return mm_processor_kwargs(ServeSettings.from_config(config).server, form)
+    """The server's --mm-processor-kwargs JSON in ``form`` for Qwen2.5-VL's default bounds."""
+    return json.dumps(FORMS[form](Q25.default_sampling, Q25.default_image_bounds), separators=(",", ":"))
 
 
 def main(argv=None) -> int:

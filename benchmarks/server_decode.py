@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from vidlabel.prepare import tokens as tk  # noqa: E402
+from vidlabel import families  # noqa: E402
 from vidlabel.prepare import transcode as tc  # noqa: E402
 
 
@@ -77,11 +77,12 @@ def main() -> int:
     args = ap.parse_args()
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
-    s = tk.Sampling()
+    q25 = families.by_name("qwen2_5_vl")
+    s = q25.default_sampling
     cv2.setNumThreads(1)
     for w, h in ((720, 1280), (1080, 1920)):
         raw = make_clip(cache / f"raw-{w}x{h}-{args.seconds}s.mp4", w, h, args.seconds)
-        th, tw = (int(x[0]) for x in tk.smart_resize(h, w, s.min_pixels, s.max_pixels))
+        th, tw = (int(x[0]) for x in q25.frame_size(h, w, s.fps * args.seconds, s))
         small = cache / f"tc-{w}x{h}-{args.seconds}s.mp4"
         t0 = time.perf_counter()
         if not small.exists():

@@ -52,6 +52,13 @@ def model_dir(results: Path) -> Path:
     return folders[0]
 
 
+def manifest_dir(results: Path) -> Path:
+    """The manifest of a results directory's one plan (results/manifest/<plan>, vidlabel.core.models.plans)."""
+    folders = sorted(p for p in (results / "manifest").iterdir() if p.is_dir())
+    assert len(folders) == 1, f"expected one plan in {results / 'manifest'}: {folders}"
+    return folders[0]
+
+
 def write_overlay(workdir: Path, demo_root: Path, overrides: dict | None = None) -> Path:
     """Config overlay for a test run: demo posts, offline Whisper, small shards."""
     from vidlabel.core.config import deep_merge
@@ -65,7 +72,9 @@ def write_overlay(workdir: Path, demo_root: Path, overrides: dict | None = None)
         "classify": {"shards": 2, "concurrency": 4, "startup_timeout_s": 60, "health_interval_s": 1,
                      "progress_interval_s": 1, "request_timeout_s": 30, "backoff_initial_s": 0.05,
                      "backoff_max_s": 0.5, "shutdown_grace_s": 5},
-        "planning": {"transcode": {"chunks": 1}},
+        # The stand-in's models are named freely: planned as Qwen2.5-VL unless a test says otherwise (a model's
+        # family from its files: test_families.py, test_e2e_families.py).
+        "planning": {"transcode": {"chunks": 1}, "model_family": "qwen2_5_vl"},
     }
     deep_merge(overlay, overrides or {})
     path = workdir / "test-config.yaml"

@@ -27,7 +27,7 @@ from standin.shards import (
 
 from vidlabel.serve.client import ClassifyClient, ClientSettings
 from vidlabel.serve.concurrency import next_ceiling, parse_metrics
-from vidlabel.serve.deadline import FACTOR, MIN_ANSWERS, Deadlines, Expired
+from vidlabel.serve.deadline import DEADLINE_FACTOR, MIN_ANSWERS, Deadlines, Expired
 from vidlabel.serve.endpoints import DOWN, SUSPECT, UP, Endpoints, NoLiveEndpoint
 from vidlabel.serve.error_kinds import (
     FatalClientError,
@@ -235,7 +235,7 @@ def test_deadline_follows_the_shards_pace_between_floor_and_ceiling():
     for _ in range(MIN_ANSWERS):
         d.answered(2.0, 1000)  # 2 ms per token
     assert d.limit_s(1000) == 10  # 4 x 2 s < floor
-    assert d.limit_s(10_000) == pytest.approx(FACTOR * 20.0)
+    assert d.limit_s(10_000) == pytest.approx(DEADLINE_FACTOR * 20.0)
     assert d.limit_s(10_000_000) == 900
     off = Deadlines(ceiling_s=900, floor_s=5, adaptive=False)
     for _ in range(MIN_ANSWERS):
@@ -249,8 +249,8 @@ def test_deadline_allows_for_the_requests_ahead_at_the_answer_rate():
         d.answered(0.1, 1000)  # 0.1 ms per token: a 1,000-token request takes 0.1 s once served
     d._answer_times = deque(float(t) for t in range(MIN_ANSWERS))  # the shard answers once a second
     assert d.answer_rate() == pytest.approx(1.0)
-    assert d.limit_s(1000) == pytest.approx(FACTOR * 1.0)  # its own turn: 1 s at that rate
-    assert d.limit_s(1000, ahead=31) == pytest.approx(FACTOR * 32.0)  # behind 31 others: 32 s
+    assert d.limit_s(1000) == pytest.approx(DEADLINE_FACTOR * 1.0)  # its own turn: 1 s at that rate
+    assert d.limit_s(1000, ahead=31) == pytest.approx(DEADLINE_FACTOR * 32.0)  # behind 31 others: 32 s
     assert d.limit_s(1000, ahead=10_000) == 900
 
 

@@ -82,7 +82,8 @@ def test_schema_documents_every_key():
 
 def test_strings_from_snakemake_config_flag_are_coerced():
     """Nested `--config` values reach the workflow as strings (YAML BaseLoader)."""
-    cfg = vconfig.deep_merge(base(), {"planning": {"transcode": {"enabled": "true", "chunks": "8"}, "fps": "1.5"},
+    cfg = vconfig.deep_merge(base(), {"planning": {"transcode": {"enabled": "true", "chunks": "8"}, "fps": "1.5",
+                                                   "model_family": "qwen2_5_vl"},
                                       "classify": {"shards": "3", "model": "123"}})
     vconfig.validate(cfg)
     assert cfg["planning"]["transcode"] == {"enabled": True, "chunks": 8, "crf": 23, "media_dir": None}

@@ -14,7 +14,7 @@ import sys
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import model_dir, run_snakemake, write_overlay
+from conftest import manifest_dir, model_dir, run_snakemake, write_overlay
 from standin import is_probe, read_request_log, standin_command
 
 pytestmark = pytest.mark.slow
@@ -88,9 +88,9 @@ def test_every_valid_post_labelled_by_the_rule(finished):
     results = workdir / "results"
     labels = {r["post_id"]: r for r in pq.read_table(model_dir(results) / "labels.parquet").to_pylist()}
     assert set(labels) == set(info)  # one row per post, none lost, none invented
-    manifest = {r["post_id"]: r for s in sorted((results / "manifest").glob("shard-*.parquet"))
+    manifest = {r["post_id"]: r for s in sorted(manifest_dir(results).glob("shard-*.parquet"))
                 for r in pq.read_table(s).to_pylist()}
-    excluded = {r["post_id"]: r for r in pq.read_table(results / "manifest" / "excluded.parquet").to_pylist()}
+    excluded = {r["post_id"]: r for r in pq.read_table(manifest_dir(results) / "excluded.parquet").to_pylist()}
 
     for post_id, expected in info.items():
         row = labels[post_id]
@@ -113,7 +113,7 @@ def test_each_request_sent_once_with_file_urls_and_key(finished):
     events = read_request_log(workdir / "requests.jsonl")
     completed = [e for e in events if e.get("event") == "completed" and e.get("status") == 200
                  and e.get("request_id")]
-    manifest_ids = {r["request_id"] for s in sorted((workdir / "results" / "manifest").glob("shard-*.parquet"))
+    manifest_ids = {r["request_id"] for s in sorted(manifest_dir(workdir / "results").glob("shard-*.parquet"))
                     for r in pq.read_table(s).to_pylist()}
     chat = [e["request_id"] for e in completed if e["request_id"] in manifest_ids]
     assert sorted(chat) == sorted(manifest_ids)  # every request answered exactly once

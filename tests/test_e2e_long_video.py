@@ -7,7 +7,7 @@ import sys
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import model_dir, run_snakemake, write_overlay
+from conftest import manifest_dir, model_dir, run_snakemake, write_overlay
 from standin import read_request_log, standin_command
 
 from vidlabel.demo import make_video
@@ -40,7 +40,7 @@ def run_long(tmp_path, root, over_limit):
     })
     run_snakemake(tmp_path)
     labels = {r["post_id"]: r for r in pq.read_table(model_dir(tmp_path / "results") / "labels.parquet").to_pylist()}
-    manifest = {r["post_id"]: r for r in pq.read_table(tmp_path / "results" / "manifest" / "shard-0.parquet").to_pylist()}
+    manifest = {r["post_id"]: r for r in pq.read_table(manifest_dir(tmp_path / "results") / "shard-0.parquet").to_pylist()}
     return labels, manifest, read_request_log(tmp_path / "requests.jsonl")
 
 
@@ -50,7 +50,7 @@ def test_over_long_video_is_excluded_without_reaching_the_server(tmp_path, long_
     assert "long" not in manifest and labels["short"]["status"] == "ok"
     read = {e["path"] for e in events if e["event"] == "media"}
     assert str(long_posts / "media" / "long.mp4") not in read and read  # the server never decoded it
-    excluded = pq.read_table(tmp_path / "results" / "manifest" / "excluded.parquet").to_pylist()
+    excluded = pq.read_table(manifest_dir(tmp_path / "results") / "excluded.parquet").to_pylist()
     assert [r["reason"] for r in excluded if r["post_id"] == "long"] == ["too_long"]
 
 

@@ -50,7 +50,7 @@ def test_a_pre_transcode_the_stage_did_not_write_falls_back_to_the_original(cfg)
     (row,) = out.kept
     assert row["items"][1]["media_path"] == "/m/p-1" and row["plan"] == "as-is; item 1 as-is"
     # Written, it is what the server reads, counted from its own size and rate.
-    done = {("p", 1): {"status": "ok", "media_path": "/t/p-1.mp4", "width": 504, "height": 896, "fps": 2.0,
+    done = {("p", 1, ""): {"status": "ok", "media_path": "/t/p-1.mp4", "width": 504, "height": 896, "fps": 2.0,
                        "duration_s": 6.0, "error": None}}
     (row,) = rows(cfg, carousel, done).kept
     assert row["items"][1]["media_path"] == "/t/p-1.mp4"
@@ -66,7 +66,7 @@ def test_photos_planned_smaller_need_the_transcode_stages_files(cfg):
     transcripts = {("p", 20): {"status": "ok", "text": "a song", "transcript_id": "t"}}
     out = rows(cfg, slideshow, transcripts=transcripts)
     assert out.excluded[0][2] == "too_long" and "run the transcode rule" in out.excluded[0][3]
-    failed = {("p", i): {"status": "error", "error": "disk full", "media_path": None} for i in range(20)}
+    failed = {("p", i, ""): {"status": "error", "error": "disk full", "media_path": None} for i in range(20)}
     out = rows(cfg, slideshow, failed, transcripts=transcripts)
     assert out.excluded[0][2] == "transcode_error" and "disk full" in out.excluded[0][3]
 

@@ -77,7 +77,7 @@ def _results(tmp_path, n_ok=300, n_error=12, n_excluded=5, probabilities=True, s
     manifest = []
     for shard in range(2):
         part = classified[shard::2]
-        path = tmp_path / "results" / "manifest" / f"shard-{shard}.parquet"
+        path = tmp_path / "results" / "manifest" / "qwen2_5_vl" / f"shard-{shard}.parquet"  # the default model's plan
         path.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.table({
             "request_id": [f"r-{r['post_id']}" for r in part],

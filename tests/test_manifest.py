@@ -79,9 +79,9 @@ def test_requests_exclusions_and_plan(tmp_path):
     assert reqs["a"]["transcript"] == "these shoes are great <transcript>"
     assert reqs["b"]["transcript"] == "" and "(no speech)" in reqs["b"]["prompt"]
     assert excl["c"]["reason"] == "transcript_error" and "decode failed" in excl["c"]["detail"]
-    # Estimates: a = 10 s 720p = 20 frames -> 10 pairs * 720 cells.
-    assert reqs["a"]["est_visual_tokens"] == 7200
-    assert reqs["b"]["est_visual_tokens"] == 20 * 720
+    # Estimates: a = 10 s 720p = 20 frames -> 10 pairs * 720 cells, + its 2 vision markers.
+    assert reqs["a"]["est_visual_tokens"] == 7200 + 2
+    assert reqs["b"]["est_visual_tokens"] == 20 * 720 + 2
     for r in reqs.values():
         assert r["est_prompt_tokens"] == r["est_visual_tokens"] + r["est_text_tokens"]
         assert r["media_path"] == r["video_path"] and r["plan"] == "as-is"
@@ -176,7 +176,7 @@ def test_transcoded_media_is_used_and_reestimated(tmp_path):
     assert "long" not in excl
     assert reqs["long"]["media_path"] == str(tdir / "long.mp4")
     assert reqs["long"]["video_path"] == f"{MEDIA}/long.mp4"
-    assert reqs["long"]["est_visual_tokens"] == 37 * 720  # 74 of the 75 frames (an even count): 37 pairs
+    assert reqs["long"]["est_visual_tokens"] == 37 * 720 + 2  # 74 of the 75 frames (an even count): 37 pairs
     assert reqs["long"]["plan"].startswith("replan: fps 2->0.125")
     assert reqs["b"]["media_path"] == f"{MEDIA}/b.mp4" and "transcode failed" in reqs["b"]["plan"]
 

@@ -23,14 +23,15 @@ import sys
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import model_dir, run_snakemake, write_overlay
+from conftest import manifest_dir, model_dir, run_snakemake, write_overlay
 from PIL import Image
 from standin import is_probe, read_request_log, standin_command
 
+from vidlabel import families
 from vidlabel.core import config as cfgmod
 from vidlabel.demo import make_video
 from vidlabel.demo_mixed import camera_photo, make_mixed_set
-from vidlabel.prepare import tokens as tk
+from vidlabel.prepare import planning
 from vidlabel.prepare.post_prompt import item_labels
 
 pytestmark = pytest.mark.slow
@@ -91,7 +92,7 @@ def finished(manifested):
 
 
 def shard_rows(workdir) -> dict[str, dict]:
-    return {r["post_id"]: r for r in pq.read_table(workdir / "results" / "manifest" / "shard-0.parquet").to_pylist()}
+    return {r["post_id"]: r for r in pq.read_table(manifest_dir(workdir / "results") / "shard-0.parquet").to_pylist()}
 
 
 def config(workdir) -> dict:
@@ -136,7 +137,7 @@ def test_the_manifest_sends_every_item_labelled_with_its_tokens(manifested, post
     rows = shard_rows(manifested)
     assert set(rows) == set(expected)
     cfg = config(manifested)
-    bounds = tk.ImageBounds.from_config(cfg)
+    family, bounds = families.of_config(cfg), planning.image_bounds(cfg)
     for post_id in ("photo-01", "slideshow-01", "carousel-01", "one-dropped"):
         row = rows[post_id]
         kinds = [i["kind"] for i in row["items"]]
@@ -147,7 +148,7 @@ def test_the_manifest_sends_every_item_labelled_with_its_tokens(manifested, post
                 continue
             with Image.open(item["media_path"]) as image:  # the file the server reads, as it shows it
                 size = image.size if image.getexif().get(0x0112) in (None, 1) else image.size[::-1]
-            assert item["est_tokens"] == tk.image_tokens([size[0]], [size[1]], bounds)[0], (post_id, item)
+            assert item["est_tokens"] == family.image_tokens([size[0]], [size[1]], bounds)[0], (post_id, item)
         assert row["est_image_tokens"] == sum(i["est_tokens"] for i in row["items"] if i["kind"] == "image")
         assert row["est_prompt_tokens"] == row["est_video_tokens"] + row["est_image_tokens"] + row["est_text_tokens"]
         assert (row["n_images"], row["n_videos"], row["n_audio"]) == tuple(kinds.count(k) for k in
@@ -164,9 +165,9 @@ def test_the_manifest_sends_every_item_labelled_with_its_tokens(manifested, post
     # A one-video post is sent as it always was: one unlabelled video, its transcript the post's.
     video = rows["video-01"]
     assert video["post_type"] == "video" and video["items"][0]["label"] is None
-    assert video["items"][0]["est_tokens"] == video["est_visual_tokens"] + tk.IMAGE_MARKER_TOKENS
+    assert video["items"][0]["est_tokens"] == video["est_visual_tokens"]  # its markers included
     assert "link" in video["transcript"].lower() and video["transcript_id"] == video["items"][0]["transcript_id"]
-    excluded = {r["post_id"]: r for r in pq.read_table(manifested / "results" / "manifest" / "excluded.parquet")
+    excluded = {r["post_id"]: r for r in pq.read_table(manifest_dir(manifested / "results") / "excluded.parquet")
                 .to_pylist()}
     assert set(excluded) == {"nothing-usable"} and excluded["nothing-usable"]["reason"] == "probe_error"
 
@@ -174,7 +175,8 @@ def test_the_manifest_sends_every_item_labelled_with_its_tokens(manifested, post
 def test_a_35_photo_slideshow_is_planned_down_to_fit(manifested):
     cfg = config(manifested)
     row = shard_rows(manifested)["long-slideshow"]
-    full = int(tk.image_tokens(np.full(LONG, 1080), np.full(LONG, 1920), tk.ImageBounds.from_config(cfg)).sum())
+    family, bounds = families.of_config(cfg), planning.image_bounds(cfg)
+    full = int(family.image_tokens(np.full(LONG, 1080), np.full(LONG, 1920), bounds).sum())
     assert full > 90_000  # as-is it would be far over the 32k context
     match = re.search(r"images max_pixels 12845056->(\d+)", row["plan"])
     assert match, row["plan"]
@@ -188,13 +190,13 @@ def test_a_35_photo_slideshow_is_planned_down_to_fit(manifested):
         assert width % 28 == 0 and height % 28 == 0 and width * height <= bound, (width, height, bound)
         assert item["est_tokens"] == (width // 28) * (height // 28) + 2
     # One cell more per photo would not fit: the highest bound that does.
-    more = LONG * (tk.image_cells([1080], [1920], tk.ImageBounds.from_config(cfg), bound + 28 * 28 * LONG)[0] + 2)
+    more = LONG * (family.image_embeds([1080], [1920], bounds, bound + 28 * 28 * LONG)[0] + 2)
     assert more > budget or bound + 28 * 28 >= 12845056
-    plans = {r["post_id"]: r for r in csv.DictReader(open(manifested / "results" / "manifest" / "post_plans.csv"))}
+    plans = {r["post_id"]: r for r in csv.DictReader(open(manifest_dir(manifested / "results") / "post_plans.csv"))}
     assert plans["long-slideshow"]["status"] == "kept" and plans["long-slideshow"]["plan"] == row["plan"]
-    limits = json.loads((manifested / "results" / "manifest" / "media_limits.json").read_text())
+    limits = json.loads((manifest_dir(manifested / "results") / "media_limits.json").read_text())
     items = [i for r in shard_rows(manifested).values() for i in r["items"]]
-    assert limits == {"image": LONG, "video": 1, "audio": 1,
+    assert limits == {"image": LONG, "video": 1, "audio": 0,  # its audio goes as its transcript
                       "largest_item_tokens": max(i["est_tokens"] for i in items)}
 
 

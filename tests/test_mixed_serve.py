@@ -19,6 +19,8 @@ from standin.shards import QUESTIONS, YES_IF
 from vidlabel.core import config as vconfig
 from vidlabel.core import identity
 from vidlabel.demo_mixed import camera_photo
+from vidlabel.families.base import Family
+from vidlabel.families.qwen2_5_vl import Qwen25VL
 from vidlabel.prepare import post_plan
 from vidlabel.serve import command
 from vidlabel.serve.classify import ServerBelowPlan, read_shard, run_shard
@@ -66,7 +68,7 @@ class Job:
         monkeypatch.setenv("PATH", f"{shim.parent}{os.pathsep}{os.environ['PATH']}")
         self.config = vconfig.validate({
             "posts": str(tmp / "posts.csv"), "media_root": str(media_root), "results": str(tmp / "results"),
-            "classify": {"model": MODEL, "questions": QUESTIONS, "concurrency": 4, "max_attempts": 2,
+            "planning": {"model_family": "qwen2_5_vl"}, "classify": {"model": MODEL, "questions": QUESTIONS, "concurrency": 4, "max_attempts": 2,
                          "backoff_initial_s": 0.01, "backoff_max_s": 0.05, "startup_timeout_s": 60,
                          "shutdown_grace_s": 2, "health_interval_s": 0.5, **classify}})
         self.shard = tmp / "manifest" / "shard-0.parquet"
@@ -152,9 +154,9 @@ def test_a_one_video_manifest_is_sent_as_before(media, tmp_path):
                              "prompt": ["PROMPT"], "est_prompt_tokens": [100]}), path)
     (row,) = read_shard(path)
     assert row["items"] == [{"index": 0, "kind": "video", "path": str(files["clip"]), "media_path": str(files["clip"]),
-                             "label": None, "est_tokens": None, "transcript_id": None}]
+                             "label": None, "est_tokens": None, "est_embeds": None, "transcript_id": None}]
     cfg = vconfig.validate({"posts": "p.csv", "media_root": str(root), "results": str(tmp_path / "results"),
-                            "classify": {"model": MODEL, "questions": QUESTIONS}})
+                            "planning": {"model_family": "qwen2_5_vl"}, "classify": {"model": MODEL, "questions": QUESTIONS}})
     client = ClassifyClient([("http://127.0.0.1:9", "k")], ServeSettings.from_config(cfg).client)
     body = json.loads(client._body(row, 8))
     assert body["messages"] == [{"role": "user", "content": [
@@ -166,7 +168,7 @@ def test_the_answer_depends_on_every_item(media, tmp_path):
     new request fingerprint; the same post again keeps it."""
     root, files = media
     cfg = vconfig.validate({"posts": "p.csv", "media_root": str(root), "results": str(tmp_path / "results"),
-                            "classify": {"model": MODEL, "questions": QUESTIONS, "endpoints": ["http://x/v1"]}})
+                            "planning": {"model_family": "qwen2_5_vl"}, "classify": {"model": MODEL, "questions": QUESTIONS, "endpoints": ["http://x/v1"]}})
     job = JobIdentity.resolve(ServeSettings.from_config(cfg))
     photo = camera_photo(tmp_path / "replaced.jpg", (640, 480), 7)
     row = post_row(cfg, "c", [str(files["portrait"]), str(photo), str(files["clip"])], "cap", {2: "hi"})
@@ -191,7 +193,7 @@ def test_the_server_limits_come_from_the_whole_data_set(media, tmp_path, monkeyp
     the job's own rows send; --max-num-batched-tokens is raised to the largest item."""
     root, files = media
     cfg = vconfig.validate({"posts": "p.csv", "media_root": str(root), "results": str(tmp_path / "results"),
-                            "classify": {"model": MODEL, "questions": QUESTIONS}})
+                            "planning": {"model_family": "qwen2_5_vl"}, "classify": {"model": MODEL, "questions": QUESTIONS}})
     rows = [post_row(cfg, "a", [str(files["portrait"]), str(files["small"])])]
     assert job_limits(rows, tmp_path) == MediaLimits(image=2, video=1, largest_item_tokens=2693)
     other = [post_row(cfg, "b", [str(files["small"])] * 12 + [str(files["clip"])] * 2)]
@@ -234,7 +236,8 @@ def test_a_server_bounding_photos_like_video_frames_stops_the_job_before_any_pos
     root, files = media
     job = Job(tmp_path, root, monkeypatch)
     job.write(_posts(files))
-    monkeypatch.setattr(command, "PIXEL_BOUNDS_FORM", "flat")
+    flat = lambda self, video, image: {"min_pixels": video.min_pixels, "max_pixels": video.max_pixels}  # noqa: E731
+    monkeypatch.setattr(Qwen25VL, "mm_processor_kwargs", flat)
     with pytest.raises(ServerBelowPlan) as info:
         job.run()
     message = str(info.value)
@@ -242,7 +245,8 @@ def test_a_server_bounding_photos_like_video_frames_stops_the_job_before_any_pos
     assert "took 722 visual tokens where the plan expects 16322" in message
     assert "mm_processor_kwargs" in message and "Nothing was sent" in message
     assert [e for e in job.events() if e["event"] == "received"] == []
-    monkeypatch.setattr(command, "PIXEL_BOUNDS_FORM", "split-size")  # the other spelling of the split form
+    # the other spelling of the split form (the Qwen3 families'): size with shortest/longest_edge
+    monkeypatch.setattr(Qwen25VL, "mm_processor_kwargs", Family.mm_processor_kwargs)
     assert all(r["status"] == "ok" for r in job.run().values())
 
 
@@ -272,10 +276,10 @@ def test_an_item_missing_here_is_its_posts_own_error_naming_the_item(media, tmp_
 
 
 def test_the_item_an_error_names():
-    items = [{"index": 0, "kind": "image", "media_path": "/m/a b.jpg", "est_tokens": 2693},
-             {"index": 1, "kind": "video", "media_path": "/m/c.mp4", "est_tokens": 5000},
-             {"index": 2, "kind": "image", "media_path": "/m/d.jpg", "est_tokens": 722},
-             {"index": 3, "kind": "audio", "media_path": None, "est_tokens": 0}]
+    items = [{"index": 0, "kind": "image", "media_path": "/m/a b.jpg", "est_tokens": 2693, "est_embeds": 2691},
+             {"index": 1, "kind": "video", "media_path": "/m/c.mp4", "est_tokens": 5000, "est_embeds": 4998},
+             {"index": 2, "kind": "image", "media_path": "/m/d.jpg", "est_tokens": 722, "est_embeds": 720},
+             {"index": 3, "kind": "audio", "media_path": None, "est_tokens": 0, "est_embeds": 0}]
     assert named_item("[Errno 2] No such file or directory: '/m/d.jpg'", items)["index"] == 2
     assert named_item("The file path /m/a b.jpg must be a subpath of `--allowed-local-media-path /x`.",
                       items)["index"] == 0

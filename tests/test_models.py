@@ -30,7 +30,9 @@ THIRD_WORDS = ["buy"]
 # ---- the config ------------------------------------------------------------------------------
 
 def _validate(classify: dict, **extra) -> dict:
-    return vconfig.validate({"posts": "p.csv", "media_root": "/m", "classify": classify, **extra})
+    # The models here are made up: they are planned as Qwen2.5-VL (a real one's family is read: test_families.py).
+    return vconfig.validate({"posts": "p.csv", "media_root": "/m", "classify": classify,
+                             "planning": {"model_family": "qwen2_5_vl"}, **extra})
 
 
 def test_one_model_form_and_list_form_are_the_same_model():

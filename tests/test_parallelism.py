@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from vidlabel import families
 from vidlabel.core import config as vconfig
 from vidlabel.serve.settings import ServeSettings
 from vidlabel.serve.parallelism import (
@@ -23,6 +24,7 @@ from vidlabel.serve.parallelism import (
 DATA = Path(__file__).resolve().parent / "data"
 QWEN_7B = DATA / "qwen2_5_vl_7b"
 QWEN_72B = DATA / "qwen2_5_vl_72b"
+Q25 = families.by_name("qwen2_5_vl")
 H200_GIB = 143771 / 1024  # nvidia-smi memory.total of an H200, MiB
 H100_80_GIB = 81559 / 1024
 
@@ -30,7 +32,8 @@ H100_80_GIB = 81559 / 1024
 def config(model: Path | str, memory_gib: float | None = None, planning: dict | None = None,
            **classify) -> ServeSettings:
     return ServeSettings.from_config(vconfig.validate({
-        "posts": "p.csv", "media_root": "/m", "results": "/m/results", "planning": planning or {},
+        "posts": "p.csv", "media_root": "/m", "results": "/m/results",
+        "planning": planning or {"model_family": "qwen2_5_vl"},  # a made-up model's family: Qwen2.5-VL
         "classify": {"model": str(model), "gpu_memory_gib": memory_gib, **classify}}))
 
 
@@ -40,7 +43,7 @@ def gpus(n: int) -> dict:
 
 def test_parameter_count_from_the_model_config_matches_the_published_sizes():
     # Published: 8.29B (7B) and 73.4B (72B) parameters, bf16.
-    small, big = model_footprint(str(QWEN_7B)), model_footprint(str(QWEN_72B))
+    small, big = model_footprint(str(QWEN_7B), Q25), model_footprint(str(QWEN_72B), Q25)
     assert small.weight_bytes / 2 == pytest.approx(8.29e9, rel=0.002)
     assert big.weight_bytes / 2 == pytest.approx(73.41e9, rel=0.002)
     # KV cache per token: 2 (K and V) x layers x KV heads x head size x 2 bytes.
@@ -171,10 +174,10 @@ def test_model_files_from_the_hugging_face_cache_and_weights_from_the_index(monk
     snapshot.mkdir(parents=True)
     (snapshot / "config.json").write_text((QWEN_7B / "config.json").read_text())
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    fp = model_footprint("Qwen/Qwen2.5-VL-7B-Instruct")
+    fp = model_footprint("Qwen/Qwen2.5-VL-7B-Instruct", Q25)
     assert fp.weight_bytes / 2 == pytest.approx(8.29e9, rel=0.002) and str(snapshot) in fp.source
     (snapshot / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 16584333312}}))
-    fp = model_footprint("Qwen/Qwen2.5-VL-7B-Instruct")
+    fp = model_footprint("Qwen/Qwen2.5-VL-7B-Instruct", Q25)
     assert fp.weight_bytes == 16584333312 and "total_size" in fp.source
 
 

@@ -7,9 +7,11 @@ import csv
 import numpy as np
 import pytest
 
+from vidlabel import families
 from vidlabel.core import config as cfgmod
 from vidlabel.prepare import planning as pl
-from vidlabel.prepare import tokens as tk
+
+Q25 = families.by_name("qwen2_5_vl")
 
 
 def make_config(**planning) -> dict:
@@ -22,8 +24,9 @@ def test_fitting_posts_are_as_is():
     cfg = make_config()
     p = pl.plan_posts(cfg, [16.0, 60.0], [30.0, 30.0], [1280, 640], [720, 480], [500, 500])
     assert p.action.tolist() == ["as-is", "as-is"]
-    assert p.visual_tokens.tolist() == [11520, 60 * 17 * 23]
-    assert p.prompt_tokens.tolist() == [12020, 60 * 17 * 23 + 500]
+    # each video's tokens with its <|vision_start|>/<|vision_end|> pair
+    assert p.visual_tokens.tolist() == [11520 + 2, 60 * 17 * 23 + 2]
+    assert p.prompt_tokens.tolist() == [12022, 60 * 17 * 23 + 502]
 
 
 def test_over_limit_exclude_gives_too_long():
@@ -31,7 +34,7 @@ def test_over_limit_exclude_gives_too_long():
     # 60 s 720x1280: 60 pairs * 720 cells = 43,200 > 32,768 - max_tokens - 300.
     p = pl.plan_posts(cfg, [60.0, 10.0], [30.0, 30.0], [1280, 1280], [720, 720], [300, 300])
     assert p.action.tolist() == ["too_long", "as-is"]
-    assert "estimated 43200 visual + 300 text tokens exceed the limits: max_model_len 32768" in p.plan[0]
+    assert "estimated 43202 visual + 300 text tokens exceed the limits: max_model_len 32768" in p.plan[0]
 
 
 def test_max_tokens_defaults_to_the_answer_schema_and_the_encoder_cache_to_the_context():
@@ -64,12 +67,12 @@ def test_replan_picks_the_richest_plan_that_fits():
     assert p.action.tolist() == ["replan"]
     # Candidates: fps 1 at full size = 30 pairs * 720 = 21,600; fps 2 at max_pixels/2 (301,056):
     # computed by the rule below; the chosen plan is the larger that fits (with one pair of margin).
-    half = tk.smart_resize(720, 1280, tk.Sampling().min_pixels, 301056)
-    half_tokens = 60 * (int(half[0][0]) // 28) * (int(half[1][0]) // 28)
-    expected = max(t for t in (21600, half_tokens) if t + 720 <= budget)
+    half = Q25.frame_size(720, 1280, 120, Q25.default_sampling.with_(max_pixels=301056))
+    half_tokens = 60 * (int(half[0][0]) // 28) * (int(half[1][0]) // 28) + 2
+    expected = max(t for t in (21600 + 2, half_tokens) if t + 720 <= budget)
     assert int(p.visual_tokens[0]) == expected
     assert int(p.visual_tokens[0]) + 300 + max_tokens <= 32768
-    assert p.plan[0].startswith("replan: ") and "43200->" in p.plan[0]
+    assert p.plan[0].startswith("replan: ") and "43202->" in p.plan[0]
     # The plan is what a transcode at (fps, max_pixels) would give, re-estimated independently.
     est = pl.media_estimate(cfg, p.duration_s, p.fps, [1280], [720], p.max_pixels)
     assert int(est.tokens[0]) == int(p.visual_tokens[0])
@@ -171,16 +174,16 @@ def test_codec_names_are_canonical():
 
 def test_server_media_problem_follows_the_measured_codec_table():
     codecs = ["h264", "hevc", "vp9", "av1", "libdav1d", "mpeg4", None, "h264"]
-    problem = pl.server_media_problem(codecs, [10.0] * 7 + [1.0], [30.0] * 7 + [1.0])
+    problem = pl.server_media_problem(Q25, codecs, [10.0] * 7 + [1.0], [30.0] * 7 + [1.0])
     assert problem[:3].tolist() == [None, None, None]
     assert problem[3].startswith("the server cannot decode av1: OpenCV has no software AV1 decoder")
     assert problem[4] == problem[3]  # the decoder's name means the same codec
     assert problem[5] == "codec mpeg4 is not among those measured to decode on the server (h264, hevc, vp9)"
     assert problem[6] is None  # an unknown codec is not judged
     # A one-frame file (1 s at 1 fps): the server's sampler needs a frame pair.
-    assert problem[7] == f"1 frame(s) in the file; the server's sampler needs at least {tk.MIN_FILE_FRAMES}"
+    assert problem[7] == f"1 frame(s) in the file; the server's sampler needs at least {Q25.min_file_frames}"
     # Unknown fps or duration: the frame count is unknown, nothing to judge.
-    assert pl.server_media_problem(None, [0.0, 1.0], [30.0, float("nan")]).tolist() == [None, None]
+    assert pl.server_media_problem(Q25, None, [0.0, 1.0], [30.0, float("nan")]).tolist() == [None, None]
 
 
 def test_media_the_server_cannot_read_is_planned_for_a_transcode_whatever_the_config():
@@ -208,7 +211,7 @@ def test_short_clips_get_enough_frames_from_the_transcode():
     d = np.array([0.5, 0.2, 60.0, 0.034])
     fps, w, h = pl.transcode_target(cfg, [2.0] * 4, [602112] * 4, [640.0] * 4, [360.0] * 4, [30.0] * 4, d)
     frames = fps * d
-    assert (frames >= tk.MIN_FILE_FRAMES + 0.5 - 1e-9).all()
+    assert (frames >= Q25.min_file_frames + 0.5 - 1e-9).all()
     assert fps[2] == 2.0 and fps[0] == pytest.approx(5.0)
     assert fps[3] > 30.0
     # Without a duration the rate is the plan's (capped at the source's).

@@ -8,13 +8,16 @@ from urllib.parse import urlparse
 
 import pytest
 
+from vidlabel import families
 from vidlabel.core import config as cfgmod
 from vidlabel.prepare import planning
 from vidlabel.prepare import post_plan as pp
-from vidlabel.prepare import tokens as tk
 from vidlabel.prepare.post_prompt import item_labels, message_content, transcript_block
 
 PHOTO = pp.Item("image", 1080, 1920)
+Q25 = families.by_name("qwen2_5_vl")
+B = Q25.default_image_bounds
+CELL = Q25.cell * Q25.cell  # pixels per token
 
 
 @pytest.fixture
@@ -34,14 +37,14 @@ def test_a_35_photo_slideshow_is_replanned_at_the_highest_image_bound_that_fits(
     assert budget == int(planning.visual_token_budget(cfg, [text])[0])  # one video's, at the default cache
     assert plan.visual_tokens <= budget
     bound = plan.items[0].max_pixels
-    assert all(p.max_pixels == bound for p in plan.items[:35]) and bound % pp.CELL == 0
+    assert all(p.max_pixels == bound for p in plan.items[:35]) and bound % CELL == 0
     # The most that fits: one cell more on the bound no longer fits.
-    one_more = 35 * int(tk.image_tokens([1080], [1920], tk.ImageBounds(), bound + pp.CELL)[0])
+    one_more = 35 * int(Q25.image_tokens([1080], [1920], B, bound + CELL)[0])
     assert one_more > budget
     # The planned size is what the server's resize leaves alone: multiples of 28 within the bound.
     first = plan.items[0]
     assert first.width % 28 == 0 and first.height % 28 == 0 and first.width * first.height <= bound
-    assert tk.image_cells([first.width], [first.height], tk.ImageBounds()).tolist() == [first.cells]
+    assert Q25.image_embeds([first.width], [first.height], B).tolist() == [first.embeds]
     assert plan.tokens_by_kind == {"image": plan.visual_tokens, "audio": 0}
     assert plan.items_by_kind == {"image": 35, "audio": 1}
     assert plan.items[-1] == pp.ItemPlan("audio", 0, 0)
@@ -62,14 +65,14 @@ def test_an_image_bound_that_is_not_whole_cells_keeps_photos_that_fit_as_they_ar
     plan = pp.plan_post(cfg, [PHOTO, PHOTO], 300)
     assert (plan.action, plan.plan) == ("as-is", "as-is")
     assert [p.max_pixels for p in plan.items] == [2_000_123, 2_000_123]
-    cells = int(tk.image_cells([1080], [1920], tk.ImageBounds(max_pixels=2_000_123))[0])
+    cells = int(Q25.image_embeds([1080], [1920], families.ImageBounds(B.min_pixels, 2_000_123))[0])
     assert plan.tokens_by_kind == {"image": 2 * (cells + 2)}
 
 
 def test_a_long_clip_in_a_carousel_gets_fewer_frames(cfg):
     plan = pp.plan_post(cfg, [pp.Item("video", 720, 1280, 120.0, 30.0), PHOTO, PHOTO], 300)
     assert plan.action == "replan" and "videos fps 2->" in plan.plan and "images" not in plan.plan
-    assert plan.items[1].max_pixels == tk.ImageBounds().max_pixels  # the photos keep their bound
+    assert plan.items[1].max_pixels == B.max_pixels  # the photos keep their bound
     assert plan.visual_tokens <= pp.visual_budget(cfg, 300)
 
 
@@ -97,7 +100,7 @@ def test_items_need_not_fit_the_encoder_cache_together(cfg):
 def test_an_item_bigger_than_the_encoder_cache_is_shrunk(cfg):
     big = pp.Item("image", 8000, 6000)  # 16,170 cells at the default bound
     plan = pp.plan_post(cfg, [big], 300, encoder_cache=8192)
-    assert plan.action == "replan" and plan.items[0].cells <= 8192
+    assert plan.action == "replan" and plan.items[0].embeds <= 8192
     assert pp.plan_post(cfg, [big], 300, encoder_cache=16384).action == "as-is"
 
 
@@ -105,8 +108,6 @@ def test_item_tokens_are_vectorised_over_a_dataset(cfg):
     tokens, cells = pp.item_tokens(cfg, ["image", "audio", "video"], [1080, 0, 720], [1920, 0, 1280],
                                    [0, 30, 10], [0, 0, 30])
     assert tokens.tolist() == [2693, 0, 7202] and cells.tolist() == [2691, 0, 7200]
-    per_post = pp.tokens_per_post([0, 0, 1], ["image", "audio", "video"], tokens, 2)
-    assert per_post["image"].tolist() == [2693, 0] and per_post["video"].tolist() == [0, 7202]
 
 
 @pytest.mark.parametrize("kinds,expected", [
@@ -115,17 +116,6 @@ def test_item_tokens_are_vectorised_over_a_dataset(cfg):
     (["video", "video"], "carousel"), (["audio"], "audio"), ([], None)])
 def test_post_type(kinds, expected):
     assert pp.post_type(kinds) == expected
-
-
-def test_server_flags_from_the_data(cfg):
-    limits = pp.mm_limits([["image"] * 35 + ["audio"], ["video"], ["image", "video", "video"]])
-    assert limits == {"image": 35, "video": 2}
-    # The profiler's largest image at 12,845,056 px is 128x128 cells; its video 7 pairs of 27x27.
-    assert pp.profiled_item_cells(cfg, limits) == {"image": 16384, "video": 7 * 27 * 27}
-    cfg["classify"]["max_num_batched_tokens"] = 8192
-    assert pp.encoder_cache_size(cfg, limits) == 16384
-    assert pp.encoder_cache_size(cfg, {"image": 0, "video": 1}) == 8192
-    assert pp.batched_tokens_for(cfg, 12000) == 12000 and pp.batched_tokens_for(cfg, 100) == 8192
 
 
 def test_items_are_introduced_in_order():

@@ -24,7 +24,7 @@ from vidlabel.serve.record import LABEL_SCHEMA
 QUESTIONS = [{"id": "promotes_product", "text": "Product?"}, {"id": "shows_face", "text": "Face?"}]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 POST_COLUMNS = ["post_type", "n_items", "n_videos", "n_images", "n_audio", "items_dropped", "est_video_tokens",
-                "est_image_tokens", "est_text_tokens", "est_prompt_tokens"]
+                "est_image_tokens", "est_audio_tokens", "est_text_tokens", "est_prompt_tokens"]
 # The inventory's item struct (the contract's fields).
 INVENTORY_ITEM = pa.struct([("index", pa.int64()), ("kind", pa.string()), ("path", pa.string()),
                             ("fps", pa.float64()), ("width", pa.int64()), ("height", pa.int64()),
@@ -241,7 +241,7 @@ def test_merge_gives_every_post_its_type_items_and_token_estimates(mixed):
             assert (r["n_videos"], r["n_images"], r["n_audio"]) == tuple(usable.count(k) for k in
                                                                          ("video", "image", "audio"))
             assert r["items_dropped"] == post["items_dropped"]
-            assert [r[c] for c in POST_COLUMNS[6:]] == [None] * 4
+            assert [r[c] for c in POST_COLUMNS[6:]] == [None] * 5
         else:  # what was sent
             kinds = [it["kind"] for it in m["items"]]
             assert r["post_type"] == post_type(kinds)
@@ -417,7 +417,7 @@ def test_aggregate_by_post_type(mixed):
 
     # tokens.csv: the manifest's estimates by kind over the requests that send that kind
     tok = {r["direction"]: r for r in _read_csv(summary / "tokens.csv")}
-    assert list(tok) == ["input", "output", "input_video", "input_image", "input_text"]
+    assert list(tok) == ["input", "output", "input_video", "input_image", "input_audio", "input_text"]
     assert tok["input"]["source"] == "server usage" and tok["input_video"]["source"] == "manifest estimate"
     for kind in ("video", "image", "text"):
         v = np.array([f["manifest"][p][f"est_{kind}_tokens"] for p in classified], float)
@@ -571,11 +571,11 @@ def test_old_inventory_and_manifest_still_merge_and_aggregate(tmp_path):
     for p, r in rows.items():
         values = [r[c] for c in POST_COLUMNS]
         if p in broken:
-            assert values == [None, 1, 0, 0, 0, None, None, None, None, None], p
+            assert values == [None, 1, 0, 0, 0, None, None, None, None, None, None], p
         elif p in too_long:
-            assert values == ["video", 1, 1, 0, 0, None, None, None, None, None], p
+            assert values == ["video", 1, 1, 0, 0, None, None, None, None, None, None], p
         else:
-            assert values == ["video", 1, 1, 0, 0, None, visual[p], 0, text[p], visual[p] + text[p]], p
+            assert values == ["video", 1, 1, 0, 0, None, visual[p], 0, 0, text[p], visual[p] + text[p]], p
         assert r["error_item"] is None
 
     summary = tmp_path / "summary"

@@ -14,7 +14,7 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import REPO, model_dir, run_snakemake, write_overlay
+from conftest import REPO, manifest_dir, model_dir, run_snakemake, write_overlay
 from standin import read_request_log, standin_command
 
 from vidlabel.core import settings as stage_settings
@@ -204,7 +204,7 @@ def test_user_story_a_video_replaced_at_the_same_path(tmp_path):
 
 def rid(workdir, post_id: str) -> str:
     """The request id of a post in the run's manifest."""
-    for path in (workdir / "results" / "manifest").glob("shard-*.parquet"):
+    for path in manifest_dir(workdir / "results").glob("shard-*.parquet"):
         for row in pq.read_table(path, columns=["post_id", "request_id"]).to_pylist():
             if row["post_id"] == post_id:
                 return row["request_id"]

@@ -35,7 +35,7 @@ from types import ModuleType, SimpleNamespace
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import default_model_dir, model_dir, run_snakemake, write_overlay
+from conftest import default_model_dir, manifest_dir, model_dir, run_snakemake, write_overlay
 from standin import read_request_log, standin_command
 
 import vidlabel.core.slurm
@@ -719,7 +719,7 @@ def test_crashed_shard_is_resubmitted_and_resumes_in_the_same_run(crash_with_ret
     # Every request was answered once: nothing finished by the crashed attempt was sent again.
     completed = [e["request_id"] for e in read_request_log(workdir / "requests.jsonl")
                  if e.get("event") == "completed" and e.get("status") == 200 and e.get("request_id")]
-    manifest_ids = {r["request_id"] for p in (workdir / "results" / "manifest").glob("shard-*.parquet")
+    manifest_ids = {r["request_id"] for p in manifest_dir(workdir / "results").glob("shard-*.parquet")
                     for r in pq.read_table(p).to_pylist()}
     requests = [rid for rid in completed if rid in manifest_ids]
     assert sorted(requests) == sorted(manifest_ids)
@@ -988,7 +988,7 @@ def test_scancel_of_a_running_shard_job_is_noticed_and_the_retry_resumes(cancell
     # No request was answered twice: what the cancelled attempt journaled was not sent again.
     completed = [e["request_id"] for e in read_request_log(workdir / "requests.jsonl")
                  if e.get("event") == "completed" and e.get("status") == 200 and e.get("request_id")]
-    manifest_ids = {r["request_id"] for p in (workdir / "results" / "manifest").glob("shard-*.parquet")
+    manifest_ids = {r["request_id"] for p in manifest_dir(workdir / "results").glob("shard-*.parquet")
                     for r in pq.read_table(p).to_pylist()}
     assert sorted(rid for rid in completed if rid in manifest_ids) == sorted(manifest_ids)
     assert labels_by_post(workdir) == labels_by_post(local_reference)

@@ -1,5 +1,5 @@
 """The stand-in counts image tokens as vLLM does (tests/standin/qwen_image.py, written from vLLM's
-source), and vidlabel's estimate (vidlabel.prepare.tokens / post_plan) agrees with it."""
+source), and vidlabel's estimate (vidlabel.families / post_plan) agrees with it."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from PIL import Image
 
+from vidlabel import families
 from vidlabel.core import config as cfgmod
 from vidlabel.demo import make_video
 from vidlabel.prepare import images
 from vidlabel.prepare import post_plan as pp
-from vidlabel.prepare import tokens as tk
 from vidlabel.prepare.items import probe_item
 from vidlabel.prepare.post_prompt import message_content
 
@@ -108,7 +108,8 @@ def test_a_flat_pixel_bound_applies_to_images_too(media, cfg):
     status, body = ask(root, ["--mm-processor-kwargs", '{"min_pixels": 100352, "max_pixels": 602112}'], content)
     assert status == 200, body
     media_tokens = body["usage"]["prompt_tokens"] - text_tokens(content)
-    assert media_tokens == int(tk.image_tokens([1080], [1920], tk.ImageBounds(100352, 602112))[0]) == 20 * 36 + 2
+    q25 = families.by_name("qwen2_5_vl")
+    assert media_tokens == int(q25.image_tokens([1080], [1920], families.ImageBounds(100352, 602112))[0]) == 20 * 36 + 2
     assert media_tokens != estimate(cfg, [files["portrait"]])  # the default image bound would say 2693
 
 

@@ -8,6 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 from planning_helpers import inventory_row, make_clip, write_inventory
 
+from vidlabel import families
 from vidlabel.core import config as cfgmod
 from vidlabel.prepare import planning as pl
 from vidlabel.prepare import transcode as tc
@@ -220,7 +221,7 @@ def test_every_format_reaches_the_server_in_a_form_it_decodes(formats, tmp_path)
         assert r["status"] == "ok" and r["plan_action"] == "replan", r
         with __import__("av").open(r["media_path"]) as c:
             assert c.streams.video[0].codec_context.name == "h264"
-        assert tc.probe_output(r["media_path"])["frames"] >= pl.tk.MIN_FILE_FRAMES
+        assert tc.probe_output(r["media_path"])["frames"] >= families.of_config(cfg).min_file_frames
 
 
 def test_short_clips_are_transcoded_with_enough_frames(formats, tmp_path):
@@ -234,7 +235,7 @@ def test_short_clips_are_transcoded_with_enough_frames(formats, tmp_path):
     for pid, r in rows.items():
         assert r["status"] == "ok", r
         probed = tc.probe_output(r["media_path"])
-        assert probed["frames"] >= pl.tk.MIN_FILE_FRAMES, (pid, probed)
+        assert probed["frames"] >= families.of_config(cfg).min_file_frames, (pid, probed)
     assert rows["h264"]["frames"] == 4  # 2 s at 2 fps: the planned rate where it gives enough frames
 
 

@@ -52,20 +52,21 @@ def post_row(config: dict, post_id: str, files: list[str | Path], caption: str =
     if bad:
         raise ValueError(f"post {post_id}: items {bad} cannot be probed")
     kinds = [info["kind"] for info in infos]
-    tokens, _ = post_plan.item_tokens(config, kinds, [i.get("width") or 0 for i in infos],
+    tokens, embeds = post_plan.item_tokens(config, kinds, [i.get("width") or 0 for i in infos],
                                       [i.get("height") or 0 for i in infos], [i.get("duration_s") or 0 for i in infos],
                                       [i.get("fps") or 0 for i in infos])
     labels = item_labels(kinds)
     items = [{"index": j, "kind": kind, "path": str(Path(f).resolve()),
               "media_path": None if kind == "audio" else str(Path(f).resolve()), "label": label,
-              "est_tokens": int(t), "transcript_id": _transcript_id(str(f), transcripts[j]) if j in transcripts else None}
-             for j, (f, kind, label, t) in enumerate(zip(files, kinds, labels, tokens))]
+              "est_tokens": int(t), "est_embeds": int(e), "part": None,
+              "transcript_id": _transcript_id(str(f), transcripts[j]) if j in transcripts else None}
+             for j, (f, kind, label, t, e) in enumerate(zip(files, kinds, labels, tokens, embeds))]
     spoken = "\n".join(f"{labels[j]}: {text}" for j, text in sorted(transcripts.items()))
     c = config["classify"]
     prompt = render_prompt(c["prompt_template"], caption, spoken, c["questions"])
     text_parts = [f"{i['label']}:" for i in items if i["media_path"]] + [prompt]
     sent = sum(1 for i in items if i["media_path"])
-    text = int(tk.estimate_text(config, ["".join(text_parts)])[0]) - (tk.IMAGE_MARKER_TOKENS if sent else 0)
+    text = int(tk.estimate_text(config, ["".join(text_parts)])[0])
     by_kind = {k: sum(i["est_tokens"] for i in items if i["kind"] == k) for k in post_plan.KINDS}
     return {"request_id": request_id(post_id, c["prompt_template"], c["questions"]), "post_id": post_id,
             "items": items, "prompt": prompt, "post_type": post_plan.post_type(kinds),

@@ -58,9 +58,11 @@ def _own(kwargs: dict) -> dict:
     return {k: v for k, v in found.items() if v is not None}
 
 
-def bounds(mm_processor_kwargs: dict, modality: str) -> tuple[int, int]:
-    """(min_pixels, max_pixels) the processor uses for ``modality`` ('image' or 'video') at a request."""
-    low, high = (IMAGE_MIN_PIXELS, IMAGE_MAX_PIXELS) if modality == "image" else (VIDEO_MIN_PIXELS, VIDEO_MAX_PIXELS)
+def bounds(mm_processor_kwargs: dict, modality: str, defaults: tuple[int, int] | None = None) -> tuple[int, int]:
+    """(min_pixels, max_pixels) the processor uses for ``modality`` ('image' or 'video') at a request
+    (``defaults``: the processor's own, Qwen2.5-VL's when not given)."""
+    low, high = defaults or ((IMAGE_MIN_PIXELS, IMAGE_MAX_PIXELS) if modality == "image"
+                             else (VIDEO_MIN_PIXELS, VIDEO_MAX_PIXELS))
     own = _own(mm_processor_kwargs.get(f"{modality}s_kwargs") or {})
     low = int(own.get("min_pixels", mm_processor_kwargs.get("min_pixels", low)))
     high = int(own.get("max_pixels", mm_processor_kwargs.get("max_pixels", high)))
@@ -84,10 +86,10 @@ def stored_size(path: str) -> tuple[int, int]:
         raise CannotLoad(f"Failed to load image: {exc}") from None
 
 
-def image_embeds(path: str, min_pixels: int, max_pixels: int) -> int:
+def image_embeds(path: str, min_pixels: int, max_pixels: int, cell: int = FACTOR) -> int:
     width, height = stored_size(path)
-    h, w = resize(height, width, min_pixels, max_pixels)
-    return (h // FACTOR) * (w // FACTOR)
+    h, w = resize(height, width, min_pixels, max_pixels, cell)
+    return (h // cell) * (w // cell)
 
 
 def limit(limits: dict | None, modality: str) -> int:
@@ -96,7 +98,7 @@ def limit(limits: dict | None, modality: str) -> int:
 
 
 def too_many(limits: dict | None, counts: dict[str, int]) -> str | None:
-    for modality in ("image", "video"):
+    for modality in ("image", "video", "audio"):
         allowed = limit(limits, modality)
         if counts.get(modality, 0) > allowed:
             return f"At most {allowed} {modality}(s) may be provided in one prompt."

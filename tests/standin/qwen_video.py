@@ -5,7 +5,9 @@ Written from vLLM's source (``multimodal/video.py: Qwen2VLVideoBackend``,
 vidlabel's own estimator (``vidlabel.prepare.tokens``), so that the tests compare two implementations:
 
 - frames: ``n = total_frames / source_fps * fps``, clamped to [min_frames, max_frames] (and the
-  file's frames, floored to even), then floored to a multiple of the temporal patch (2);
+  file's frames, floored to even), then floored to a multiple of the temporal patch (2); the indices are
+  ``torch.arange(0, total, total / n)``, whose length can be n + 1 (359 frames, n 22: 23), the processor
+  padding an odd count to a pair;
 - each frame resized to multiples of 28 with its area within [min_pixels, max_pixels];
 - one token per 28x28 cell per frame pair (the encoder cache: ``qwen_image.encoder_cache_size``).
 """
@@ -16,6 +18,7 @@ import math
 from dataclasses import dataclass
 
 import av
+import numpy as np
 
 FACTOR = 28
 TEMPORAL_PATCH = 2
@@ -70,27 +73,29 @@ def probe(path: str) -> VideoInfo:
 
 
 def sampled_frames(info: VideoInfo, fps: float, min_frames: int = 4, max_frames: int = 768) -> int:
+    """Frames the processor gets: the length of vLLM's ``torch.arange(0, total, total / n)``."""
     most = math.floor(min(max_frames, info.total_frames) / TEMPORAL_PATCH) * TEMPORAL_PATCH
     n = info.total_frames / info.fps * fps if info.fps > 0 else 0
     n = min(max(n, min_frames), most, info.total_frames)
-    return math.floor(n / TEMPORAL_PATCH) * TEMPORAL_PATCH
+    n = math.floor(n / TEMPORAL_PATCH) * TEMPORAL_PATCH
+    return len(np.arange(0, info.total_frames, info.total_frames / n)) if n > 0 else 0
 
 
-def resize(height: int, width: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
-    h_bar = max(FACTOR, round(height / FACTOR) * FACTOR)
-    w_bar = max(FACTOR, round(width / FACTOR) * FACTOR)
+def resize(height: int, width: int, min_pixels: int, max_pixels: int, factor: int = FACTOR) -> tuple[int, int]:
+    h_bar = max(factor, round(height / factor) * factor)
+    w_bar = max(factor, round(width / factor) * factor)
     if h_bar * w_bar > max_pixels:
         beta = math.sqrt(height * width / max_pixels)
-        h_bar = max(FACTOR, math.floor(height / beta / FACTOR) * FACTOR)
-        w_bar = max(FACTOR, math.floor(width / beta / FACTOR) * FACTOR)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
     elif h_bar * w_bar < min_pixels:
         beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / FACTOR) * FACTOR
-        w_bar = math.ceil(width * beta / FACTOR) * FACTOR
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
     return h_bar, w_bar
 
 
-def video_tokens(info: VideoInfo, fps: float, min_pixels: int, max_pixels: int) -> int:
+def video_tokens(info: VideoInfo, fps: float, min_pixels: int, max_pixels: int, factor: int = FACTOR) -> int:
     frames = sampled_frames(info, fps)
-    h, w = resize(info.height, info.width, min_pixels, max_pixels)
-    return math.ceil(frames / TEMPORAL_PATCH) * (h // FACTOR) * (w // FACTOR)
+    h, w = resize(info.height, info.width, min_pixels, max_pixels, factor)
+    return math.ceil(frames / TEMPORAL_PATCH) * (h // factor) * (w // factor)

@@ -70,6 +70,7 @@ from collections import defaultdict
 
 import qwen_image  # beside this script
 import qwen_video
+import served
 from aiohttp import web
 
 VLLM_DEFAULT_BATCHED_TOKENS = 8192  # vLLM's API-server default on H100/H200
@@ -113,10 +114,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--answer-confidence", type=float, default=0.9,
                    help="probability the log-probabilities give the chosen answer")
     p.add_argument("--model-root", default=None, help="the model folder /v1/models names (default: the name)")
+    p.add_argument("--standin-model-type", default=None,
+                   help="the config.json model_type to serve as (default: the model folder's, else the name's; "
+                        "served.py)")
     # Token accounting.
     p.add_argument("--video-tokens", choices=["bytes", "qwen"], default="qwen",
-                   help="qwen: vLLM's rule (the default); bytes: file size / --bytes-per-video-token (a cheap "
-                        "synthetic load, unlike any server: vidlabel's calibration says so)")
+                   help="qwen: vLLM's rule (the default); bytes: file size / --bytes-per-video-token for the posts "
+                        "(a cheap synthetic load; the calibration media are still counted by vLLM's rule)")
     p.add_argument("--bytes-per-video-token", type=float, default=64.0)
     p.add_argument("--chars-per-text-token", type=float, default=4.0)
     p.add_argument("--max-model-len", type=int, default=32768)
@@ -304,10 +308,15 @@ class StandIn:
         for spec in args.verbose_on:
             word, _, tokens = spec.partition("=")
             self.verbose_on.append((word.lower(), int(tokens)))
-        self.fps = float((args.media_io_kwargs.get("video") or {}).get("fps", 2))
-        self.min_pixels, self.max_pixels = qwen_image.bounds(args.mm_processor_kwargs, "video")
-        self.image_min_pixels, self.image_max_pixels = qwen_image.bounds(args.mm_processor_kwargs, "image")
-        if args.video_tokens == "qwen":
+        fps = float((args.media_io_kwargs.get("video") or {}).get("fps", 2))
+        kind = served.model_type(args.model_root or args.served_model, args.standin_model_type)
+        self.served = served.Served(kind, args.mm_processor_kwargs, fps)
+        self.engine_dead = False  # vLLM 0.26.0's engine after an audio-in-video request
+        if args.video_tokens == "qwen" and self.served.family != "qwen2_5_vl":
+            # The profiler's largest items of the Qwen3 families, approximately: at least what any
+            # item of the tests takes (the tests size --max-num-batched-tokens themselves).
+            self.encoder_cache = max(args.max_num_batched_tokens, self.served.image_max // self.served.cell ** 2)
+        elif args.video_tokens == "qwen":
             self.encoder_cache = qwen_image.encoder_cache_size(args.max_num_batched_tokens, args.mm_processor_kwargs,
                                                                args.limit_mm_per_prompt, args.max_model_len)
         else:
@@ -403,7 +412,7 @@ class StandIn:
             await asyncio.sleep(self.args.slow_health)
         if self.args.health_error:
             return web.Response(status=500, text="Internal Server Error")
-        dead = self.args.never_healthy or (
+        dead = self.args.never_healthy or self.engine_dead or (
             self.args.unhealthy_after and self.chat_completed >= self.args.unhealthy_after)
         return web.Response(status=503 if dead else 200)
 
@@ -512,6 +521,14 @@ class StandIn:
         if args.fail_all_with:
             status_text, _, message = args.fail_all_with.partition(":")
             return self._error(rid, int(status_text), message, "InternalServerError")
+        if self.engine_dead:
+            return self._error(rid, 500, "EngineCore encountered an issue. See stack trace (above) for the root "
+                               "cause.", "InternalServerError")
+        if (body.get("mm_processor_kwargs") or {}).get("use_audio_in_video") and args.standin_version == "0.26.0":
+            # vLLM 0.26.0: qwen3_omni_moe_thinker.embed_input_ids raises in the engine, which dies.
+            self.engine_dead = True
+            return self._error(rid, 500, "EngineCore encountered an issue. See stack trace (above) for the root "
+                               "cause.", "InternalServerError")
 
         if body.get("logprobs") and int(body.get("top_logprobs") or 0) > args.max_logprobs:
             return self._error(rid, 400, f"Requested sample logprobs of {body['top_logprobs']}, which is greater "
@@ -535,18 +552,23 @@ class StandIn:
             for part in content or []:
                 if part.get("type") == "text":
                     prompt_parts.append(part.get("text", ""))
-                elif part.get("type") in ("video_url", "image_url"):
+                elif part.get("type") in ("video_url", "image_url", "audio_url"):
                     kind = part["type"].split("_")[0]
                     media.append((kind, part[part["type"]]["url"]))
         prompt = "\n".join(prompt_parts)
         prompt_lower = prompt.lower()
         if faults and media and args.random_503 and self.rng.random() < args.random_503:
             return self._error(rid, 503, "Service Unavailable (injected)", "ServiceUnavailableError")
-        over = qwen_image.too_many(args.limit_mm_per_prompt,
-                                   {k: sum(1 for kind, _ in media if kind == k) for k in ("image", "video")})
+        counts = {k: sum(1 for kind, _ in media if kind == k) for k in ("image", "video", "audio")}
+        if counts["audio"] and not self.served.hears:
+            return self._error(rid, 400, "At most 0 audio(s) may be provided in one prompt.", "BadRequestError")
+        over = qwen_image.too_many(args.limit_mm_per_prompt, counts)
         if over:
             return self._error(rid, 400, over, "BadRequestError")
 
+        # --video-tokens bytes is a synthetic load for the posts; vidlabel's calibration media are counted as
+        # vLLM counts them, so that a job's calibration passes and the test reaches its posts.
+        exact = args.video_tokens == "qwen" or calibration
         media_tokens = 0
         for kind, url in media:
             if not url.startswith("file://"):
@@ -570,13 +592,17 @@ class StandIn:
             if self.missing_video_module and kind == "video":
                 # vLLM imports the --media-io-kwargs video backend only when it decodes a video.
                 return self._error(rid, 500, f"No module named '{self.missing_video_module}'", "InternalServerError")
-            if args.video_tokens == "qwen" and kind == "image":
+            if kind == "audio":
                 try:
-                    embeds = qwen_image.image_embeds(real, self.image_min_pixels, self.image_max_pixels)
+                    item_tokens, embeds = self.served.audio_tokens(real)
+                except (ValueError, EOFError, OSError) as exc:
+                    return self._error(rid, 400, f"Failed to load audio: {exc}", "BadRequestError")
+            elif exact and kind == "image":
+                try:
+                    item_tokens, embeds = self.served.image_tokens(real)
                 except qwen_image.CannotLoad as exc:
                     return self._error(rid, 400, str(exc), "BadRequestError")
-                item_tokens = embeds + qwen_image.MARKERS
-            elif args.video_tokens == "qwen":
+            elif exact:
                 try:
                     info = await self.probe(real)
                 except qwen_video.CannotOpen:
@@ -586,8 +612,7 @@ class StandIn:
                                        "video items, but instead found 0 prompt placeholders! Make sure the "
                                        "implementation of `_call_hf_processor` and `_get_mm_fields_config` are "
                                        "consistent with each other.", "InternalServerError")
-                embeds = qwen_video.video_tokens(info, self.fps, self.min_pixels, self.max_pixels)
-                item_tokens = embeds + 2  # <|vision_start|> ... <|vision_end|>
+                item_tokens, embeds = self.served.video_tokens(info)
             else:
                 embeds = item_tokens = 2 + int(size / args.bytes_per_video_token)
             media_tokens += item_tokens
@@ -625,7 +650,8 @@ class StandIn:
         if any(w in prompt_lower for w in self.invalid_on):
             text = "Sure! Here are the answers: " + text.replace('"', "'")
             needed = 1 + len(text) // 4
-        max_tokens = body.get("max_tokens") or (args.max_model_len - prompt_tokens)
+        # vLLM lowers max_tokens to what the context leaves, without a word (finish_reason "length").
+        max_tokens = min(body.get("max_tokens") or args.max_model_len, args.max_model_len - prompt_tokens)
         finish = "stop"
         completion_tokens = needed
         if needed > max_tokens:

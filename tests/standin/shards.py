@@ -45,6 +45,7 @@ def make_config(tmp: Path, media_root: Path, request_log: Path | None = None, fa
             "shutdown_grace_s": 2, "health_interval_s": 0.5, "progress_interval_s": 1,
             **(classify or {}),
         },
+        "planning": {"model_family": "qwen2_5_vl"},  # the stand-in's model, named freely, serves as Qwen2.5-VL
     }
     return vconfig.validate(cfg)
 

@@ -2,9 +2,9 @@
 # answer. The journal is undeclared so that a failed or killed job keeps it; the rerun resumes from it.
 rule classify:
     input:
-        shard=f"{RESULTS}/manifest/shard-{{shard}}.parquet",
+        shard=lambda wildcards: f"{RESULTS}/manifest/{MODEL_PLAN[wildcards.model]}/shard-{wildcards.shard}.parquet",
         # What the whole data set needs of the server (items per prompt, the largest item): read beside the shard.
-        media_limits=rules.manifest.output.media_limits,
+        media_limits=manifest_file("media_limits.json"),
     output:
         f"{MODEL_DIR}/labels/shard-{{shard}}.parquet",
     params:

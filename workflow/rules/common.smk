@@ -6,27 +6,53 @@ RESULTS = config["results"]
 TRANSCRIBE_CHUNKS = range(config["transcribe"]["chunks"])
 TRANSCODE_CHUNKS = range(config["planning"]["transcode"]["chunks"])
 SHARDS = range(config["classify"]["shards"])
-# Every model labels the same manifest into its own folder (vidlabel.core.models, docs/models.md).
+# Every model labels the same posts into its own folder; the models of one family that take the audio
+# alike share a plan, its manifest in manifest/<plan>/ (vidlabel.core.models, docs/models.md).
 MODELS = vidlabel.core.models.names(config)
 MODEL_DIR = f"{RESULTS}/models/{{model}}"
+PLANS = vidlabel.core.models.plans(config)
+MODEL_PLAN = {model: plan for plan, models in PLANS.items() for model in models}
+MANIFEST_DIR = f"{RESULTS}/manifest/{{plan}}"
 
 
 wildcard_constraints:
     chunk=r"\d+",
     shard=r"\d+",
     model="|".join(re.escape(name) for name in MODELS),
+    plan="|".join(re.escape(plan) for plan in PLANS),
 
 
 def transcript_chunks(wildcards):
     return expand(f"{RESULTS}/transcripts/chunk-{{chunk}}.parquet", chunk=TRANSCRIBE_CHUNKS)
 
 
+def plan_of(wildcards):
+    """The plan of a per-plan rule, or of a per-model rule's model."""
+    return wildcards.plan if "plan" in wildcards.keys() else MODEL_PLAN[wildcards.model]
+
+
+def plan_transcripts(wildcards):
+    """The transcript chunks, where the plan's prompts carry transcripts (a model that hears the audio
+    itself neither waits for nor depends on the transcribe stage)."""
+    return transcript_chunks(wildcards) if vidlabel.core.models.uses_transcripts(config, plan_of(wildcards)) else []
+
+
 def transcode_chunks(wildcards):
-    return expand(f"{RESULTS}/transcoded/chunk-{{chunk}}.parquet", chunk=TRANSCODE_CHUNKS)
+    return expand(f"{RESULTS}/transcoded/{plan_of(wildcards)}/chunk-{{chunk}}.parquet", chunk=TRANSCODE_CHUNKS)
 
 
 def manifest_shards(wildcards):
-    return expand(f"{RESULTS}/manifest/shard-{{shard}}.parquet", shard=SHARDS)
+    return expand(f"{RESULTS}/manifest/{plan_of(wildcards)}/shard-{{shard}}.parquet", shard=SHARDS)
+
+
+def manifest_file(name):
+    """A file of the manifest of the plan (of a per-model rule's model)."""
+    return lambda wildcards: f"{RESULTS}/manifest/{plan_of(wildcards)}/{name}"
+
+
+def plan_settings(stage):
+    """A per-plan rule's params: the fingerprint of the stage's settings under that plan's config."""
+    return lambda wildcards: vidlabel.core.settings.fingerprint(config, stage, plan=wildcards.plan)
 
 
 def label_shards(wildcards):

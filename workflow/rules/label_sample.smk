@@ -11,10 +11,11 @@ LABEL_SAMPLE_MODEL = config["label_sample"]["model"] or MODELS[0]
 rule label_sample:
     input:
         labels=f"{RESULTS}/models/{LABEL_SAMPLE_MODEL}/labels.parquet",
-        manifest=manifest_shards,
+        manifest=expand(f"{RESULTS}/manifest/{MODEL_PLAN[LABEL_SAMPLE_MODEL]}/shard-{{shard}}.parquet", shard=SHARDS),
         # each video's frame rate and each item's transcript, for the Label Studio tasks
         inventory=f"{RESULTS}/inventory.parquet",
-        transcripts=transcript_chunks,
+        transcripts=lambda wildcards: transcript_chunks(wildcards) if vidlabel.core.models.uses_transcripts(
+            config, MODEL_PLAN[LABEL_SAMPLE_MODEL]) else [],
         burn_in=label_sample_burn_in,
     output:
         sample=f"{RESULTS}/label_sample/sample.csv",

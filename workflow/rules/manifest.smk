@@ -1,21 +1,22 @@
+# One manifest per plan (a model family and how its models take the audio: vidlabel.core.models.plans).
 rule manifest:
     input:
         inventory=rules.inventory.output[0],
-        transcripts=transcript_chunks,
+        transcripts=plan_transcripts,
         transcoded=transcode_chunks,
     output:
-        shards=expand(f"{RESULTS}/manifest/shard-{{shard}}.parquet", shard=SHARDS),
-        excluded=f"{RESULTS}/manifest/excluded.parquet",
-        plan=f"{RESULTS}/manifest/plan.csv",
+        shards=expand(f"{MANIFEST_DIR}/shard-{{shard}}.parquet", shard=SHARDS, allow_missing=True),
+        excluded=f"{MANIFEST_DIR}/excluded.parquet",
+        plan=f"{MANIFEST_DIR}/plan.csv",
         # Written beside plan.csv (vidlabel.prepare.manifest): each re-planned post's reason, and what the
         # data need of the server (the classify jobs size their servers from it).
-        post_plans=f"{RESULTS}/manifest/post_plans.csv",
-        media_limits=f"{RESULTS}/manifest/media_limits.json",
+        post_plans=f"{MANIFEST_DIR}/post_plans.csv",
+        media_limits=f"{MANIFEST_DIR}/media_limits.json",
     params:
-        # Its result settings: editing one reruns this job (vidlabel.core.settings).
-        settings=vidlabel.core.settings.fingerprint(config, "manifest"),
+        # Its result settings under the plan's config: editing one reruns this job (vidlabel.core.settings).
+        settings=plan_settings("manifest"),
     log:
-        "logs/manifest.log",
+        "logs/manifest/{plan}.log",
     conda:
         "../../envs/classify.yaml"
     script:

@@ -1,7 +1,7 @@
 rule merge:
     input:
         inventory=rules.inventory.output[0],
-        excluded=rules.manifest.output.excluded,
+        excluded=manifest_file("excluded.parquet"),
         labels=label_shards,
         # The token estimates per kind of each classified post (docs/outputs.md, labels.parquet).
         manifest=manifest_shards,

@@ -2,18 +2,20 @@
 # re-planned to fit the context (and converts the photos the server would misread or that must be
 # smaller), so a chunk is usually small. It plans with the real transcripts, as the manifest does: a
 # speech allowance in their place let the two plans disagree (a photo post planned to its last token).
+# Per plan: the family decides the sizes, and a model that hears the audio gets its WAVs here. Files two
+# plans need alike are written once (their name is their transcode key) in the one media directory.
 rule transcode:
     input:
         inventory=rules.inventory.output[0],
-        transcripts=transcript_chunks,
+        transcripts=plan_transcripts,
     output:
-        f"{RESULTS}/transcoded/chunk-{{chunk}}.parquet",
+        f"{RESULTS}/transcoded/{{plan}}/chunk-{{chunk}}.parquet",
     params:
-        # Its result settings: editing one reruns this job (vidlabel.core.settings).
-        settings=vidlabel.core.settings.fingerprint(config, "transcode"),
+        # Its result settings under the plan's config: editing one reruns this job (vidlabel.core.settings).
+        settings=plan_settings("transcode"),
         media_dir=vidlabel.prepare.planning.transcoded_media_dir(config),
     log:
-        "logs/transcode/chunk-{chunk}.log",
+        "logs/transcode/{plan}/chunk-{chunk}.log",
     conda:
         "../../envs/media.yaml"
     script:

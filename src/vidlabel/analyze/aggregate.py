@@ -61,7 +61,7 @@ from vidlabel.analyze.post_types import (
     prevalence_by_type,
 )
 from vidlabel.analyze.prevalence import PREVALENCE_COLUMNS, prevalence
-from vidlabel.analyze.summary_text import post_type_section, provenance_section, summary_markdown
+from vidlabel.analyze.summary_text import TOKEN_KINDS, post_type_section, provenance_section, summary_markdown
 from vidlabel.core import duck
 from vidlabel.core.io import write_text
 
@@ -141,7 +141,7 @@ def draw_plots(con, plot_dir: Path, prevalence_rows, errors_rows, confidence: fl
                           "Input tokens per request", "input (prompt) tokens, media included")
     estimates = con.execute(duck.sql("token_estimates")).fetchnumpy()
     plots.token_histograms_by_kind({kind: float_array(estimates[f"est_{kind}_tokens"])
-                                    for kind in ("video", "image", "text")},
+                                    for kind in TOKEN_KINDS},
                                    plot_dir / "input_tokens_by_kind.png", "Input tokens per request by kind "
                                    "(the manifest's estimates)")
     plots.token_histogram(float_array(tokens["completion_tokens"]), plot_dir / "output_tokens.png",

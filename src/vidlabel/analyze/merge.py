@@ -32,7 +32,7 @@ PROVENANCE_COLUMNS = ("model", "server", "settings_fingerprint", "prompt_hash")
 # manifest's row where the post has one, i.e. what was sent; else the inventory's), and the manifest's
 # token estimates per kind (null for a post the manifest does not hold: excluded).
 POST_COLUMNS = ("post_type", "n_items", "n_videos", "n_images", "n_audio", "items_dropped",
-                "est_video_tokens", "est_image_tokens", "est_text_tokens", "est_prompt_tokens")
+                "est_video_tokens", "est_image_tokens", "est_audio_tokens", "est_text_tokens", "est_prompt_tokens")
 KINDS_COUNTED = {"n_videos": "video", "n_images": "image", "n_audio": "audio"}
 
 # Columns of labels.parquet besides the question columns (docs/outputs.md); a question id must not
@@ -141,13 +141,16 @@ def _inventory_expressions(inventory: set[str]) -> dict[str, str]:
 def _manifest_token_expressions(manifest: set[str]) -> dict[str, str]:
     """The token estimates per kind over the manifest (alias ``m``); NULL where it has no such column."""
     out = {name: f"m.{name}" if name in manifest else "NULL"
-           for name in ("est_video_tokens", "est_image_tokens", "est_text_tokens", "est_prompt_tokens")}
+           for name in ("est_video_tokens", "est_image_tokens", "est_audio_tokens", "est_text_tokens",
+                        "est_prompt_tokens")}
     if "est_visual_tokens" in manifest:
         # A manifest row written before posts had several items sent one video: its visual tokens are
         # the video's and it has no image tokens.
         out["est_video_tokens"] = f"coalesce({out['est_video_tokens']}, m.est_visual_tokens)"
         out["est_image_tokens"] = (f"coalesce({out['est_image_tokens']}, "
                                    "CASE WHEN m.est_visual_tokens IS NOT NULL THEN 0 END)")
+    if "est_audio_tokens" not in manifest and "est_visual_tokens" in manifest:
+        out["est_audio_tokens"] = "CASE WHEN m.est_visual_tokens IS NOT NULL THEN 0 END"  # before audio was heard
     return out
 
 

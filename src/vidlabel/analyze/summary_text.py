@@ -15,7 +15,7 @@ from vidlabel.analyze.sample_design import describe
 from vidlabel.core.settings import fingerprint
 
 NO_TYPE = "no type"  # how the tables and summary.md name a post without post_type
-TOKEN_KINDS = ("video", "image", "text")
+TOKEN_KINDS = ("video", "image", "audio", "text")
 
 
 def provenance_section(con, config: dict[str, Any]) -> list[str]:
@@ -203,7 +203,8 @@ def summary_markdown(config, status_counts, prevalence_rows, agreement_rows, tok
 
 
 def _tokens_by_kind_text(tok: dict[str, dict]) -> str:
-    """The manifest's input-token estimates by kind (tokens.csv's input_video, input_image, input_text)."""
+    """The manifest's input-token estimates by kind (tokens.csv's input_video, input_image, input_audio,
+    input_text)."""
     rows = {kind: tok.get(f"input_{kind}", {}) for kind in TOKEN_KINDS}
     totals = {kind: float(r.get("total") or 0) for kind, r in rows.items()}
     everything = sum(totals.values())

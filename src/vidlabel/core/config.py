@@ -151,7 +151,9 @@ def resolve_derived(config: dict[str, Any]) -> None:
         c["max_num_batched_tokens"] = c["max_model_len"]
     # `auto` is the measured choice: resolved here, so that fingerprints name the decoder itself.
     config["planning"]["decode"] = resolve_choice(config["planning"]["decode"])
+    listed = bool(c.get("models"))
     c["models"] = models.resolve(c)
+    models.resolve_families(config, listed)
     chosen = config["label_sample"]["model"]
     if chosen is not None and chosen not in models.names(config):
         raise models.ModelsError(f"config key 'label_sample.model': {chosen!r} is not a model name "

@@ -21,7 +21,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from vidlabel.core.models import model_config
+from vidlabel.core.models import model_config, plan_config
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,10 @@ class StageKeys:
     operational: tuple[str, ...] = ()
 
 
-_PLANNING = ("planning.model_family", "planning.fps", "planning.min_frames", "planning.max_frames",
+# The plan: the model family (resolved per model: vidlabel.core.models.resolve_planning) and its rule version,
+# how the audio is taken, and the sampling and limits the requests are planned for.
+_PLANNING = ("planning.model_family", "planning.rule_version", "classify.audio", "planning.fps",
+             "planning.min_frames", "planning.max_frames",
              "planning.min_pixels", "planning.max_pixels", "planning.image_min_pixels", "planning.image_max_pixels",
              "planning.tokenizer", "planning.over_limit",
              "planning.max_duration_s", "planning.decode", "planning.transcode.enabled",
@@ -191,19 +194,27 @@ def digest(value: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:FINGERPRINT_CHARS]
 
 
-def fingerprint(config: Mapping, stage: str, model: str | None = None) -> str:
+def scoped(config: Mapping, model: str | None = None, plan: str | None = None) -> Mapping:
+    """The config a per-model stage (``model``) or a per-plan stage (``plan``) runs under
+    (vidlabel.core.models.model_config, plan_config)."""
+    if model is not None:
+        return model_config(config, model)
+    if plan is not None:
+        return plan_config(config, plan)
+    return config
+
+
+def fingerprint(config: Mapping, stage: str, model: str | None = None, plan: str | None = None) -> str:
     """The fingerprint of what ``stage`` writes: its result settings (the rule's ``params``); for a
-    per-model stage, those of ``model``'s config (vidlabel.core.models.model_config)."""
-    if model is not None:
-        config = model_config(config, model)
-    return digest([stage, result_settings(config, stage)])
+    per-model or per-plan stage, those of its config (``scoped``)."""
+    return digest([stage, result_settings(scoped(config, model, plan), stage)])
 
 
-def for_job(config: Mapping, stage: str, model: str | None = None) -> FrozenSettings:
-    """What a job's adapter hands its stage: the frozen settings (of ``model``'s config for a per-model
-    stage), logged in full with their fingerprint."""
-    if model is not None:
-        config = model_config(config, model)
-    log.info("%s settings %s%s: %s", stage, fingerprint(config, stage), f" (model {model})" if model else "",
+def for_job(config: Mapping, stage: str, model: str | None = None, plan: str | None = None) -> FrozenSettings:
+    """What a job's adapter hands its stage: the frozen settings (of its model's or plan's config,
+    ``scoped``), logged in full with their fingerprint."""
+    config = scoped(config, model, plan)
+    scope = f" (model {model})" if model else f" (plan {plan})" if plan else ""
+    log.info("%s settings %s%s: %s", stage, fingerprint(config, stage), scope,
              json.dumps(result_settings(config, stage), sort_keys=True, ensure_ascii=False, default=str))
     return stage_config(config, stage)

@@ -17,6 +17,11 @@ A post that is one video alone (the usable items: ``vidlabel.prepare.item_target
 planned here, vectorised over pyarrow/numpy (the only per-row Python is prompt rendering and the
 request-id hash); every other post by ``vidlabel.prepare.mixed_rows``. Every row has ``items``, what
 the classify stage sends in order: a one-video post's one video, unlabelled, as it was always sent.
+
+One manifest per plan (vidlabel.core.models.plans: a model family and how it takes the audio), built
+under the plan's config. A plan whose model hears the audio (``classify.audio: native``) has no
+transcripts: a video with sound is a post of two items (the video, then its sound, a WAV the transcode
+stage writes), planned with the posts of several items, and a post's ``transcript_status`` is ``heard``.
 """
 
 from __future__ import annotations
@@ -33,9 +38,9 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from vidlabel import families
 from vidlabel.core.io import write_parquet, write_text
 from vidlabel.prepare import item_targets, mixed_rows, planning, post_plan
-from vidlabel.prepare import tokens as tk
 from vidlabel.prepare.inventory_schema import items_table
 from vidlabel.prepare.prompt_batch import prompt_text_tokens, render_prompts, request_ids
 
@@ -64,6 +69,7 @@ SHARD_SCHEMA = pa.schema([
     ("n_audio", pa.int64()),
     ("est_video_tokens", pa.int64()),
     ("est_image_tokens", pa.int64()),
+    ("est_audio_tokens", pa.int64()),
     ("items_dropped", pa.string()),
 ])
 POST_PLANS_COLUMNS = ("post_id", "post_type", "status", "plan")
@@ -85,10 +91,11 @@ def _read_many(paths, columns) -> pa.Table | None:
     return pa.concat_tables(tables, promote_options="default")
 
 
-def _item_keys(post_id: pa.Array, index: pa.Array | None) -> pa.Array:
-    """One key per (post_id, item_index) (a table written before items: index 0)."""
+def _item_keys(post_id: pa.Array, index: pa.Array | None, part: pa.Array | None = None) -> pa.Array:
+    """One key per (post_id, item_index, part) (a table written before items: index 0; before parts: "")."""
     index = pa.array(np.zeros(len(post_id), np.int64)) if index is None else pc.fill_null(index.cast(pa.int64()), 0)
-    return pc.binary_join_element_wise(post_id.cast(pa.string()), index.cast(pa.string()), "\x1f")
+    part = pa.array([""] * len(post_id), pa.string()) if part is None else pc.fill_null(part.cast(pa.string()), "")
+    return pc.binary_join_element_wise(post_id.cast(pa.string()), index.cast(pa.string()), part, "\x1f")
 
 
 def _keyed(table: pa.Table | None) -> pa.Table | None:
@@ -96,14 +103,18 @@ def _keyed(table: pa.Table | None) -> pa.Table | None:
     if table is None:
         return None
     index = table.column("item_index").combine_chunks() if "item_index" in table.column_names else None
-    return table.append_column("item_key", _item_keys(table.column("post_id").combine_chunks(), index))
+    part = table.column("part").combine_chunks() if "part" in table.column_names else None
+    return table.append_column("item_key", _item_keys(table.column("post_id").combine_chunks(), index, part))
 
 
-def _by_item(table: pa.Table | None, post_ids: list[str]) -> dict[tuple[str, int], dict]:
-    """The rows of ``post_ids`` by (post_id, item_index), the last row of each winning."""
+def _by_item(table: pa.Table | None, post_ids: list[str], parts: bool = False) -> dict[tuple, dict]:
+    """The rows of ``post_ids`` by (post_id, item_index) (``parts``: by (post_id, item_index, part)), the last
+    row of each winning."""
     if table is None or not post_ids:
         return {}
     mine = table.filter(pc.is_in(table.column("post_id"), value_set=pa.array(post_ids, pa.string())))
+    if parts:
+        return {(r["post_id"], int(r.get("item_index") or 0), r.get("part") or ""): r for r in mine.to_pylist()}
     return {(r["post_id"], int(r.get("item_index") or 0)): r for r in mine.to_pylist()}
 
 
@@ -145,7 +156,8 @@ def build(config: dict, inventory_path, transcript_paths, transcode_paths, shard
     excluded = [_excluded_table(inv.column("post_id").filter(bad), inv.column("video_path").filter(bad),
                                 ["probe_error"] * int(pc.sum(bad).as_py() or 0), probe_error.filter(bad))]
     items = items_table(inv.filter(pc.invert(bad)))
-    one_video, mixed = item_targets.split_posts(items)
+    heard = post_plan.hears_audio(config)
+    one_video, mixed = item_targets.split_posts(items, heard)
     ok = items.take(pa.array(one_video, pa.int64()))  # the posts of one video alone, one item row each
     post_id = ok.column("post_id").combine_chunks().cast(pa.string())
     item_index = ok.column("index").combine_chunks()
@@ -159,9 +171,12 @@ def build(config: dict, inventory_path, transcript_paths, transcode_paths, shard
         some = inv.select(["post_id", "items_dropped"]).filter(pc.is_valid(inv.column("items_dropped")))
         dropped = dict(zip(some.column("post_id").to_pylist(), some.column("items_dropped").to_pylist()))
 
-    # Transcripts: ok -> the text; no_audio -> none; error or missing -> unavailable (module docstring).
+    # Transcripts: ok -> the text; no_audio -> none; error or missing -> unavailable (module docstring). A plan
+    # whose model hears the audio has none: its one-video posts are the videos without sound.
     tr = _keyed(_read_many(transcript_paths, ["post_id", "item_index", "text", "status", "error", "transcript_id"]))
     tr_status = _lookup(keys, tr, "status", pa.string())
+    if heard and not transcript_paths:
+        tr_status = pa.array(["no_audio"] * len(keys), pa.string())
     transcript = pc.fill_null(pc.if_else(pc.equal(pc.fill_null(tr_status, ""), "ok"),
                                          _lookup(keys, tr, "text", pa.string()), pa.scalar(None, pa.string())), "")
     status = np.asarray(pc.fill_null(tr_status, "").to_pylist(), dtype=object)
@@ -186,8 +201,8 @@ def build(config: dict, inventory_path, transcript_paths, transcode_paths, shard
     visual = plan.visual_tokens.copy()
 
     # Transcoded media, where present, is what the server reads: estimate on its real properties.
-    tc = _keyed(_read_many(transcode_paths, ["post_id", "item_index", "media_path", "status", "error", "fps", "width",
-                                             "height", "duration_s", "plan"]))
+    tc = _keyed(_read_many(transcode_paths, ["post_id", "item_index", "part", "media_path", "status", "error", "fps",
+                                             "width", "height", "duration_s", "frames", "samples", "plan"]))
     tc_status = np.asarray(_lookup(keys, tc, "status", pa.string()).to_pylist(), dtype=object)
     has_tc = tc_status == "ok"
     tc_failed = tc_status == "error"
@@ -196,8 +211,9 @@ def build(config: dict, inventory_path, transcript_paths, transcode_paths, shard
     if has_tc.any():
         idx = np.flatnonzero(has_tc)
         tcv = {k: np.nan_to_num(_lookup(keys, tc, k, pa.float64()).to_numpy(zero_copy_only=False)[idx], nan=0.0)
-               for k in ("duration_s", "fps", "width", "height")}
-        est = tk.estimate_visual(config, tcv["duration_s"], tcv["fps"], tcv["width"], tcv["height"])
+               for k in ("duration_s", "fps", "width", "height", "frames")}
+        est = planning.video_estimate(config, tcv["duration_s"], tcv["fps"], tcv["width"], tcv["height"],
+                                      np.where(tcv["frames"] > 0, tcv["frames"], np.round(tcv["duration_s"] * tcv["fps"])))
         visual[idx] = est.tokens
         tc_plan = np.asarray(_lookup(keys, tc, "plan", pa.string()).to_pylist(), dtype=object)[idx]
         plan_str[idx] = np.where(tc_plan == None, plan_str[idx], tc_plan)  # noqa: E711 (elementwise)
@@ -235,8 +251,8 @@ def build(config: dict, inventory_path, transcript_paths, transcode_paths, shard
 
     # Posts of several items (vidlabel.prepare.mixed_rows), after the posts of one video.
     mixed_ids = [p.post_id for p in mixed]
-    many = mixed_rows.post_rows(config, mixed, _by_item(tr, mixed_ids), _by_item(tc, mixed_ids), dropped,
-                                exclude_unavailable)
+    many = mixed_rows.post_rows(config, mixed, None if heard and not transcript_paths else _by_item(tr, mixed_ids),
+                                _by_item(tc, mixed_ids, parts=True), dropped, exclude_unavailable)
     if many.excluded:
         excluded.append(_excluded_table(*map(list, zip(*many.excluded))))
     n_one = len(keep)
@@ -263,7 +279,7 @@ def build(config: dict, inventory_path, transcript_paths, transcode_paths, shard
     planning.write_plan_csv(planning.plan_table(config, shard, prompt_tokens, n_shards), plan_path)
     _write_post_plans(Path(plan_path).with_name("post_plans.csv"), plan_kept, kept_ids, n_one, many.kept,
                       excluded_table, inv)
-    one_largest = int(visual[keep].max()) + tk.IMAGE_MARKER_TOKENS if n_one else 0
+    one_largest = int(visual[keep].max()) if n_one else 0
     post_plan.write_media_limits(mixed_rows.limits(many.kept, one_largest, n_one), Path(plan_path).parent)
     elapsed = time.monotonic() - started
     reasons = Counter(excluded_table.column("reason").to_pylist())
@@ -288,7 +304,8 @@ def _shard_table(config, sel, n_one, keep, one, available, status_kept, many, id
     single = pa.StructArray.from_arrays(
         [one["item_index"].take(rows).cast(pa.int64()), pa.array(["video"] * n, pa.string()),
          one["video_path"].take(rows), one["media_path"].take(rows), pa.nulls(n, pa.string()),
-         pa.array(visual[first] + tk.IMAGE_MARKER_TOKENS, pa.int64()), one["transcript_id"].take(rows)],
+         pa.array(visual[first], pa.int64()), one["transcript_id"].take(rows), pa.nulls(n, pa.string()),
+         pa.array(visual[first] - families.of_config(config).item_markers, pa.int64())],
         fields=list(mixed_rows.ITEM_TYPE))
     post_ids = one["post_id"].take(rows)
     columns = {
@@ -299,6 +316,7 @@ def _shard_table(config, sel, n_one, keep, one, available, status_kept, many, id
         "post_type": pa.array(["video"] * n, pa.string()), "n_videos": pa.array(np.ones(n, np.int64)),
         "n_images": pa.array(np.zeros(n, np.int64)), "n_audio": pa.array(np.zeros(n, np.int64)),
         "est_video_tokens": pa.array(visual[first], pa.int64()), "est_image_tokens": pa.array(np.zeros(n, np.int64)),
+        "est_audio_tokens": pa.array(np.zeros(n, np.int64)),
         "items_dropped": pa.array([dropped.get(p) for p in post_ids.to_pylist()] if dropped else [None] * n,
                                   pa.string()),
     }

@@ -19,14 +19,14 @@ from typing import Any
 
 import pyarrow as pa
 
+from vidlabel import families
 from vidlabel.prepare import item_targets, planning, post_plan
-from vidlabel.prepare import tokens as tk
 from vidlabel.prepare.inventory_schema import SOUND_KINDS
-from vidlabel.prepare.item_targets import MixedPost
+from vidlabel.prepare.item_targets import MixedPost, item_key
 
 ITEM_TYPE = pa.struct([("index", pa.int64()), ("kind", pa.string()), ("path", pa.string()),
                        ("media_path", pa.string()), ("label", pa.string()), ("est_tokens", pa.int64()),
-                       ("transcript_id", pa.string())])
+                       ("transcript_id", pa.string()), ("part", pa.string()), ("est_embeds", pa.int64())])
 
 
 @dataclass
@@ -37,39 +37,53 @@ class Rows:
     excluded: list[tuple[str, str | None, str, str]] = field(default_factory=list)
 
 
-def _sent_tokens(config: dict, item: dict, transcoded: dict | None, planned: post_plan.ItemPlan) -> int:
-    """The item's prompt tokens (markers included) as the server will count the file it reads."""
+def _sent_tokens(config: dict, item: dict, transcoded: dict | None,
+                 planned: post_plan.ItemPlan) -> tuple[int, int]:
+    """The item's (prompt tokens, markers included; encoder-cache tokens) as the server will count the file
+    it reads."""
     if transcoded is None:
-        return int(planned.tokens)
+        return int(planned.tokens), int(planned.embeds)
+    family = families.of_config(config)
     if item["kind"] == "image":
-        bounds = tk.ImageBounds.from_config(config)
-        return int(tk.image_tokens([transcoded["width"]], [transcoded["height"]], bounds)[0])
-    est = tk.estimate_visual(config, [transcoded["duration_s"]], [transcoded["fps"]], [transcoded["width"]],
-                             [transcoded["height"]])
-    return int(est.tokens[0]) + tk.IMAGE_MARKER_TOKENS
+        embeds = int(family.image_embeds([transcoded["width"]], [transcoded["height"]],
+                                         planning.image_bounds(config))[0])
+        return embeds + family.item_markers, embeds
+    if item["kind"] == "audio":
+        samples = [transcoded["samples"]]
+        return int(family.audio_tokens(samples)[0]), int(family.audio_embeds(samples)[0])
+    est = planning.video_estimate(config, [transcoded["duration_s"]], [transcoded["fps"]], [transcoded["width"]],
+                                  [transcoded["height"]], [transcoded.get("frames") or 0] if transcoded.get("frames")
+                                  else None)
+    return int(est.tokens[0]), int(est.embeds[0])
 
 
 def _first_video(items: list[dict], key: str) -> str | None:
     return next((i[key] for i in items if i["kind"] == "video"), None)
 
 
-def post_rows(config: dict, posts: list[MixedPost], transcripts: dict[tuple[str, int], dict],
-              transcoded: dict[tuple[str, int], dict], dropped: dict[str, str | None],
+def post_rows(config: dict, posts: list[MixedPost], transcripts: dict[tuple[str, int], dict] | None,
+              transcoded: dict[tuple[str, int, str], dict], dropped: dict[str, str | None],
               exclude_unavailable: bool) -> Rows:
-    """Plan and match every post of ``posts`` (module docstring). ``transcripts`` and ``transcoded``: the
-    stages' rows by (post_id, item_index); ``dropped``: the inventory's items_dropped by post_id."""
+    """Plan and match every post of ``posts`` (module docstring). ``transcripts``: the transcribe stage's rows
+    by (post_id, item_index), None for a plan without transcripts (the model hears the audio);
+    ``transcoded``: the transcode stage's rows by ``item_targets.item_key``; ``dropped``: the inventory's
+    items_dropped by post_id."""
     out = Rows()
     problems = item_targets.video_problems(config, posts)
     cache = int(config["classify"]["max_num_batched_tokens"])
+    heard = post_plan.hears_audio(config)
     for post in posts:
         spoken, status = item_targets.spoken_text(post, transcripts)
+        if transcripts is None and heard and "audio" in (i["kind"] for i in post.items):
+            status = "heard"  # no transcript: the model hears the audio
         prompt, text_tokens = item_targets.prompt_and_text_tokens(config, post, spoken)
         first_path = _first_video(post.items, "path") or post.items[0]["path"]
         if status == "unavailable" and exclude_unavailable:
             missing = []
             for item in post.items:
                 row = transcripts.get((post.post_id, item["index"])) or {}
-                if item["kind"] in SOUND_KINDS and row.get("status") not in item_targets.KNOWN_TRANSCRIPT:
+                if item["kind"] in SOUND_KINDS and not item.get("part") and \
+                        row.get("status") not in item_targets.KNOWN_TRANSCRIPT:
                     why = row.get("error") or "no transcript in the transcript chunks"
                     missing.append(f"item {item['index']}: {why}")
             out.excluded.append((post.post_id, first_path, "transcript_error", "; ".join(missing)))
@@ -78,12 +92,13 @@ def post_rows(config: dict, posts: list[MixedPost], transcripts: dict[tuple[str,
         if plan.action == "too_long":
             out.excluded.append((post.post_id, first_path, "too_long", plan.plan))
             continue
-        needed = {w.index: w for w in item_targets.work(config, post, plan, problems)}
+        needed = {(w.index, w.part): w for w in item_targets.work(config, post, plan, problems)}
         items, notes, refusal = [], [], None
         for item, label, planned in zip(post.items, post.labels, plan.items):
-            tc = transcoded.get((post.post_id, item["index"]))
+            key = item_key(post.post_id, item)
+            tc = transcoded.get(key)
             ok = tc if tc is not None and tc["status"] == "ok" else None
-            work = needed.get(item["index"])
+            work = needed.get(key[1:])
             if ok is None and work is not None and work.required:
                 refusal = (("transcode_error", f"item {item['index']}: {work.why}; transcode failed: {tc['error']}")
                            if tc is not None else
@@ -94,17 +109,20 @@ def post_rows(config: dict, posts: list[MixedPost], transcripts: dict[tuple[str,
                 notes.append(f"item {item['index']} as-is (transcode failed: {str(tc['error'])[:200]})"
                              if tc is not None else f"item {item['index']} as-is")
             media_path = ok["media_path"] if ok else (None if item["kind"] == "audio" else item["path"])
-            transcript = transcripts.get((post.post_id, item["index"])) or {}
+            transcript = {} if item.get("part") or transcripts is None else \
+                transcripts.get((post.post_id, item["index"])) or {}
+            sent = item["kind"] != "audio" or heard
+            tokens, embeds = _sent_tokens(config, item, ok, planned) if sent else (0, 0)
             items.append({"index": int(item["index"]), "kind": item["kind"], "path": item["path"],
-                          "media_path": media_path, "label": label,
-                          "est_tokens": _sent_tokens(config, item, ok, planned) if item["kind"] != "audio" else 0,
-                          "transcript_id": transcript.get("transcript_id")})
+                          "media_path": media_path, "label": label, "est_tokens": tokens,
+                          "transcript_id": transcript.get("transcript_id"), "part": item.get("part"),
+                          "est_embeds": embeds})
         if refusal is not None:
             out.excluded.append((post.post_id, first_path, *refusal))
             continue
         by_kind = {k: sum(i["est_tokens"] for i in items if i["kind"] == k) for k in post_plan.KINDS}
-        visual = by_kind["video"] + by_kind["image"]
-        largest = max((i["est_tokens"] - tk.IMAGE_MARKER_TOKENS for i in items if i["media_path"]), default=0)
+        visual = sum(by_kind.values())
+        largest = max((i["est_embeds"] for i in items if i["media_path"]), default=0)
         if visual > post_plan.visual_budget(config, text_tokens) or largest > cache:
             out.excluded.append((post.post_id, first_path, "too_long",
                                  f"the items as sent are estimated at {visual} visual + {text_tokens} text tokens "
@@ -120,15 +138,16 @@ def post_rows(config: dict, posts: list[MixedPost], transcripts: dict[tuple[str,
             "plan": "; ".join([plan.plan, *notes]), "items": items, "post_type": post_plan.post_type(kinds),
             "n_videos": kinds.count("video"), "n_images": kinds.count("image"), "n_audio": kinds.count("audio"),
             "est_video_tokens": by_kind["video"], "est_image_tokens": by_kind["image"],
-            "items_dropped": dropped.get(post.post_id),
+            "est_audio_tokens": by_kind["audio"], "items_dropped": dropped.get(post.post_id),
         })
     return out
 
 
 def limits(rows: list[dict], one_video_largest: int, one_video_posts: int) -> dict[str, int]:
-    """What the server must accept for the kept posts (``post_plan.write_media_limits``)."""
-    columns = {"image": "n_images", "video": "n_videos", "audio": "n_audio"}
-    counts = {kind: max([r[column] for r in rows], default=0) for kind, column in columns.items()}
+    """What the server must accept for the kept posts (``post_plan.write_media_limits``): the most items of
+    each kind one request sends (audio only where it is sent: heard by the model), and the largest item."""
+    counts = {kind: max([sum(1 for i in r["items"] if i["kind"] == kind and i["media_path"]) for r in rows],
+                        default=0) for kind in post_plan.KINDS}
     if one_video_posts:
         counts["video"] = max(counts["video"], 1)
     largest = max([one_video_largest, *(i["est_tokens"] for r in rows for i in r["items"])], default=0)

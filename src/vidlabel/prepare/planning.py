@@ -52,7 +52,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from vidlabel import families
 from vidlabel.core.io import write_text
+from vidlabel.families.base import file_frames
 from vidlabel.prepare import tokens as tk
 from vidlabel.prepare.prompt import render_prompt
 from vidlabel.serve import decode
@@ -65,6 +67,7 @@ COMPLETION_TOKENS_BASE = 16
 SPEECH_TOKENS_PER_S = 4.0
 # Spare room in the gate: estimates were within 1 % of a real vLLM's prompt tokens (vLLM 0.26,
 # Qwen2.5-VL), and a request over a limit by one token is refused after its video was decoded.
+# The client still refuses a label whose answer the server cut for lack of room (over_context).
 ESTIMATE_MARGIN = 0.02
 FPS_LADDER_STEPS = 8  # fps, fps/2, ..., fps/128
 PIXEL_LADDER_STEPS = 6
@@ -159,7 +162,7 @@ def canonical_codec(name) -> str | None:
     return CODEC_ALIASES.get(name, name) or None
 
 
-def server_media_problem(video_codec, duration_s, source_fps) -> np.ndarray:
+def server_media_problem(family: families.Family, video_codec, duration_s, source_fps) -> np.ndarray:
     """Per post, why the server cannot be sent the original file (None: it can).
 
     ``video_codec`` None (unknown) is taken as readable: only what was probed is judged.
@@ -167,7 +170,7 @@ def server_media_problem(video_codec, duration_s, source_fps) -> np.ndarray:
     d = np.nan_to_num(np.asarray(duration_s, dtype=np.float64), nan=0.0)
     n = len(d)
     codecs = [None] * n if video_codec is None else [canonical_codec(c) for c in video_codec]
-    frames = tk.file_frames(d, source_fps) if n else np.zeros(0, np.int64)
+    frames = file_frames(d, source_fps) if n else np.zeros(0, np.int64)
     known = (np.nan_to_num(np.asarray(source_fps, dtype=np.float64), nan=0.0) > 0) & (d > 0)
     out = np.full(n, None, dtype=object)
     for i, codec in enumerate(codecs):
@@ -175,9 +178,9 @@ def server_media_problem(video_codec, duration_s, source_fps) -> np.ndarray:
             out[i] = (f"the server cannot decode {codec}: {SERVER_FAILS[codec]}" if codec in SERVER_FAILS else
                       f"codec {codec} is not among those measured to decode on the server "
                       f"({', '.join(sorted(SERVER_CODECS))})")
-        elif known[i] and frames[i] < tk.MIN_FILE_FRAMES:
+        elif known[i] and frames[i] < family.min_file_frames:
             out[i] = (f"{int(frames[i])} frame(s) in the file; the server's sampler needs at least "
-                      f"{tk.MIN_FILE_FRAMES}")
+                      f"{family.min_file_frames}")
     return out
 
 
@@ -198,8 +201,9 @@ def sampler_frames_problem(config: dict, formats: decode.Formats) -> np.ndarray:
                           for a in (formats.header_frames, formats.fps, formats.duration_s))
     known = (frames > 0) & (fps > 0) & (shown > 0)
     header_s = np.divide(frames, fps, out=np.zeros(n), where=known)
-    s = tk.Sampling.from_config(config)
-    by_header, by_shown = tk.qwen_frames(header_s, fps, s), tk.qwen_frames(shown, fps, s)
+    family, s = families.of_config(config), sampling(config)
+    by_header = family.sampled_frames(frames, fps, s, header_s)
+    by_shown = family.sampled_frames(file_frames(shown, fps), fps, s, shown)
     for i in np.flatnonzero(known & (by_header != by_shown)):
         out[i] = (f"the header's {frames[i]:.0f} frames at {fps[i]:.3f} fps ({header_s[i]:.2f} s) against the "
                   f"{shown[i]:.2f} s the file shows (an edit list or a variable frame rate): the server's decoder "
@@ -256,17 +260,45 @@ class Plan:
         })
 
 
-def media_estimate(config: dict, duration_s, fps, width, height, max_pixels=None) -> tk.VisualEstimate:
+def sampling(config: dict) -> families.Sampling:
+    """How the server samples videos under ``config``'s (resolved) planning settings."""
+    p = config["planning"]
+    return families.Sampling(fps=float(p["fps"]), min_frames=int(p["min_frames"]), max_frames=int(p["max_frames"]),
+                             min_pixels=int(p["min_pixels"]), max_pixels=int(p["max_pixels"]))
+
+
+def image_bounds(config: dict) -> families.ImageBounds:
+    """The image pixel bounds under ``config``'s (resolved) planning settings."""
+    p = config["planning"]
+    return families.ImageBounds(min_pixels=int(p["image_min_pixels"]), max_pixels=int(p["image_max_pixels"]))
+
+
+def video_estimate(config: dict, duration_s, source_fps, width, height, total_frames=None) -> families.VideoEstimate:
+    """Every video's frames, size and prompt tokens as the server will count them (the family's rule)."""
+    return families.of_config(config).video_tokens(duration_s, source_fps, width, height, sampling(config),
+                                                   total_frames)
+
+
+def transcode_size(config: dict, duration_s, fps, width, height, max_pixels) -> tuple[np.ndarray, np.ndarray]:
+    """The (height, width) a transcode at ``fps`` and the pixel bound ``max_pixels`` (scalar or per video)
+    writes: the size the server's processor resizes such frames to, multiples of the family's cell, so
+    that the server's own resize leaves them as they are."""
+    family, s = families.of_config(config), sampling(config)
+    d = np.nan_to_num(np.asarray(duration_s, dtype=np.float64), nan=0.0)
+    frames = family.sampled_frames(file_frames(d, fps), fps, s, d)
+    return family.frame_size(height, width, frames, s.with_(max_pixels=np.asarray(max_pixels)))
+
+
+def media_estimate(config: dict, duration_s, fps, width, height, max_pixels=None) -> families.VideoEstimate:
     """Visual tokens of media transcoded to (fps, max_pixels, duration), as the server will see it.
 
-    The transcode scales to smart_resize(h, w, min_pixels, max_pixels); the server then resizes that
-    with its own bounds (an identity unless the result fell below min_pixels).
+    The transcode scales to ``transcode_size``; the server then resizes that with its own bounds (an
+    identity unless the result fell below min_pixels).
     """
-    s = tk.Sampling.from_config(config)
     if max_pixels is None:
-        return tk.estimate_visual(config, duration_s, fps, width, height, s)
-    th, tw = tk.smart_resize(height, width, s.min_pixels, np.asarray(max_pixels))
-    return tk.estimate_visual(config, duration_s, fps, tw, th, s)
+        return video_estimate(config, duration_s, fps, width, height)
+    th, tw = transcode_size(config, duration_s, fps, width, height, max_pixels)
+    return video_estimate(config, duration_s, fps, tw, th)
 
 
 def _fmt(x: float) -> str:
@@ -277,19 +309,19 @@ def transcode_target(config: dict, fps, max_pixels, width, height, source_fps, d
     """Frame rate and (width, height) a transcode should produce for a plan.
 
     With ``duration_s`` (of the transcoded file), a clip so short that the planned rate would leave
-    fewer than ``tokens.MIN_FILE_FRAMES`` frames gets a rate that gives at least that many (half a
+    fewer than the family's ``min_file_frames`` frames gets a rate that gives at least that many (half a
     frame to spare: ffmpeg's fps filter rounds), even above the source's rate (frames repeat).
     """
-    s = tk.Sampling.from_config(config)
-    th, tw = tk.smart_resize(height, width, s.min_pixels, max_pixels)
     src = np.nan_to_num(np.asarray(source_fps, dtype=np.float64), nan=0.0)
     f = np.asarray(fps, dtype=np.float64)
     out_fps = np.where(src > 0, np.minimum(f, src), f)
+    d = np.nan_to_num(np.asarray(duration_s if duration_s is not None else np.zeros(np.shape(out_fps)),
+                                 dtype=np.float64), nan=0.0)
     if duration_s is not None:
-        d = np.nan_to_num(np.asarray(duration_s, dtype=np.float64), nan=0.0)
-        wanted = tk.MIN_FILE_FRAMES + 0.5
+        wanted = families.of_config(config).min_file_frames + 0.5
         with np.errstate(divide="ignore", invalid="ignore"):
             out_fps = np.where((d > 0) & (out_fps * d < wanted), wanted / d, out_fps)
+    th, tw = transcode_size(config, d, out_fps, width, height, max_pixels)
     return out_fps, tw, th
 
 
@@ -313,9 +345,10 @@ def plan_posts(config: dict, duration_s, source_fps, width, height, text_tokens,
     """Gate every post on the context and re-plan (or exclude) those that do not fit; plan a transcode
     for the posts whose original file the server cannot read (``server_media_problem``), or that the
     chosen decoder cannot (``formats``: the inventory's columns, ``formats_from_table``; without them
-    only the codec is known, enough for the default decoder)."""
+    only the codec is known, enough for the default decoder). Where the inventory has a file's header
+    frame count, the estimate counts from it, as the server's loader does."""
     p = config["planning"]
-    s = tk.Sampling.from_config(config)
+    family, s = families.of_config(config), sampling(config)
     d = np.nan_to_num(np.asarray(duration_s, dtype=np.float64), nan=0.0)
     sf = np.nan_to_num(np.asarray(source_fps, dtype=np.float64), nan=0.0)
     w = np.asarray(width, dtype=np.float64)
@@ -324,7 +357,10 @@ def plan_posts(config: dict, duration_s, source_fps, width, height, text_tokens,
     n = len(d)
     budget = visual_token_budget(config, text)
 
-    base = tk.estimate_visual(config, d, sf, w, h, s).tokens if n else np.zeros(0, np.int64)
+    header = None if formats is None or formats.header_frames is None else \
+        np.nan_to_num(np.asarray(formats.header_frames, dtype=np.float64), nan=0.0)
+    total = file_frames(d, sf) if header is None else np.where(header > 0, header, file_frames(d, sf))
+    base = video_estimate(config, d, sf, w, h, total).tokens if n else np.zeros(0, np.int64)
     fits = base <= budget
     action = np.where(fits, "as-is", "too_long").astype(object)
     plan = np.where(fits, "as-is", "").astype(object)
@@ -358,9 +394,8 @@ def plan_posts(config: dict, duration_s, source_fps, width, height, text_tokens,
                 cf = np.where(osf > 0, np.minimum(f, osf), f)
                 for px in pixels:
                     est = media_estimate(config, cd, cf, ow, oh, np.full(len(over), px))
-                    # One frame pair of margin: the transcoded file's frame count can round up by one.
-                    th, tw = tk.smart_resize(oh, ow, s.min_pixels, px)
-                    margin = (th // tk.FACTOR) * (tw // tk.FACTOR)
+                    # One frame group of margin: the transcoded file's frame count can round up by one.
+                    margin = family.group_tokens(est.height, est.width)
                     ok = eligible & (est.tokens + margin <= ob) & (est.tokens > best)
                     for i in np.flatnonzero(ok):
                         best[i] = est.tokens[i]
@@ -379,7 +414,7 @@ def plan_posts(config: dict, duration_s, source_fps, width, height, text_tokens,
             action[i] = "replan"
             plan[i] = f"replan: {', '.join(changes)} (visual tokens {int(base[i])}->{int(best[j])})"
             out_fps[i], out_px[i], out_d[i], visual[i] = f, px, dur, best[j]
-    problem = server_media_problem(video_codec if formats is None else formats.codec, d, sf)
+    problem = server_media_problem(family, video_codec if formats is None else formats.codec, d, sf)
     # The chosen decoder's own limits, on top of the default decoder's (planning.decode).
     if formats is None:
         formats = decode.Formats(codec=np.asarray(video_codec if video_codec is not None else [None] * n,

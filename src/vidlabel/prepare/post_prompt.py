@@ -7,8 +7,10 @@ from the manifest's ``items`` (each a mapping with ``kind``, ``media_path`` and 
 post's order) and its ``prompt``: per image or video item its label as text, then the file as
 ``image_url`` or ``video_url`` (both ``file://`` URLs of ``media_path``, percent-encoded as vLLM's
 media connector decodes them); the prompt (caption, the transcripts under their items' labels,
-questions) last. An audio item sends no part of its own (Qwen2.5-VL takes no audio: its transcript
-is in the prompt), and an item without a label (a manifest of one-video posts) is sent without one.
+questions) last. An audio item is sent as ``audio_url`` where the model hears it (its ``media_path``, a
+WAV); else it sends no part of its own (its transcript is in the prompt). An item without a label (a
+manifest of one-video posts) is sent without one. A video's sound heard as its own item is labelled
+after its video ("Sound of video 1 of 2").
 Transcripts sit in ``<transcript>`` blocks, neutralised like today's (``transcript_block``).
 """
 
@@ -39,13 +41,19 @@ def item_labels(kinds) -> list[str]:
     return labels
 
 
+def sound_label(video_label: str) -> str:
+    """The label of a video's sound, heard as an item of its own."""
+    return f"Sound of {video_label[:1].lower()}{video_label[1:]}"
+
+
 def transcript_block(text: str | None) -> str:
     """A transcript in its ``<transcript>`` block, neutralised so that its text cannot close it."""
     return f"<transcript>{neutralise(text) or '(no speech)'}</transcript>"
 
 
-#: The content part each kind of item is sent as (an audio item sends none: its transcript is text).
-PARTS = {"image": "image_url", "video": "video_url"}
+#: The content part each kind of item is sent as (an audio item only where the model hears it: a file to
+#: send; else its transcript is text).
+PARTS = {"image": "image_url", "video": "video_url", "audio": "audio_url"}
 
 
 def message_content(items: Iterable[Mapping], prompt: str) -> list[dict]:
@@ -53,7 +61,7 @@ def message_content(items: Iterable[Mapping], prompt: str) -> list[dict]:
     content: list[dict] = []
     for item in items:
         part = PARTS.get(item["kind"])
-        if part is None:
+        if part is None or not item.get("media_path"):
             continue
         if item.get("label"):
             content.append({"type": "text", "text": f"{item['label']}:"})

@@ -33,15 +33,20 @@ NO_SPEECH = "(no speech)"
 # A post whose transcription failed for good and is classified anyway (transcribe.on_error:
 # classify_without): the model must not be told that a talking video is silent.
 TRANSCRIPT_UNAVAILABLE = "(transcript unavailable)"
+# A model that hears the post's audio itself (classify.audio: native): nothing is transcribed, and an
+# empty block must not read as silence.
+AUDIO_ATTACHED = "(not transcribed: listen to the post's audio, attached above)"
 
 
 def render_prompt(template: str, caption: str | None, transcript: str | None,
-                  questions: list[dict[str, Any]], transcript_available: bool = True) -> str:
-    return template.format(
-        caption=neutralise(caption) or NO_CAPTION,
-        transcript=(neutralise(transcript) or NO_SPEECH) if transcript_available else TRANSCRIPT_UNAVAILABLE,
-        questions=render_questions(questions),
-    )
+                  questions: list[dict[str, Any]], transcript_available: bool = True,
+                  audio_attached: bool = False) -> str:
+    if not transcript_available:
+        said = TRANSCRIPT_UNAVAILABLE
+    else:
+        said = neutralise(transcript) or (AUDIO_ATTACHED if audio_attached else NO_SPEECH)
+    return template.format(caption=neutralise(caption) or NO_CAPTION, transcript=said,
+                           questions=render_questions(questions))
 
 
 def answer_schema(questions: list[dict[str, Any]]) -> dict[str, Any]:

@@ -3,7 +3,7 @@ the images the server would misread.
 
 The server (vLLM) decodes every frame of a video up to the last sampled one in its API process;
 a 60 s 1080p clip costs seconds of CPU per request. Re-encoding once, in parallel CPU jobs away
-from the server, to the planned fps and a 28-multiple size within max_pixels (audio dropped,
+from the server, to the planned fps and the size the family's processor would resize to (audio dropped,
 faststart) leaves the server a few dozen small frames.
 
 One chunk job handles the posts with ``stable_chunk(post_id, planning.transcode.chunks) == chunk``,
@@ -46,8 +46,8 @@ import pyarrow.parquet as pq
 from vidlabel.core import identity
 from vidlabel.core.io import atomic_path, write_parquet
 from vidlabel.core.journal import Journal, journal_beside
-from vidlabel.prepare import images, item_targets, planning
-from vidlabel.prepare import tokens as tk
+from vidlabel import families
+from vidlabel.prepare import audio, images, item_targets, planning, post_plan
 from vidlabel.prepare.inventory_schema import items_table
 from vidlabel.prepare.item_targets import ItemWork
 from vidlabel.prepare.sharding import stable_chunk
@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 SCHEMA = pa.schema([
     ("post_id", pa.string()),
     ("item_index", pa.int32()),  # the item's place in its post (0 for a one-video post)
+    ("part", pa.string()),  # "" for the item itself, item_targets.SOUND_PART for a video's sound
     ("media_path", pa.string()),
     ("status", pa.string()),
     ("error", pa.string()),
@@ -65,6 +66,7 @@ SCHEMA = pa.schema([
     ("height", pa.int64()),
     ("duration_s", pa.float64()),
     ("frames", pa.int64()),
+    ("samples", pa.int64()),  # audio heard by the model: samples of the WAV
     ("plan_action", pa.string()),
     ("plan", pa.string()),
     ("key", pa.string()),
@@ -126,6 +128,8 @@ def _key(work: ItemWork, crf: int) -> str:
     ident = [item.get("size"), item.get("mtime_ns")]
     if work.action == "convert":
         target = ["jpeg", images.JPEG_QUALITY, work.width, work.height]
+    elif work.action == "audio":
+        target = ["wav", work.sample_rate]
     else:
         target = [round(work.fps, 6), work.width, work.height, None if work.trim_s is None else round(work.trim_s, 3),
                   crf, "fastdecode" if work.action == "transcode" else "animation"]
@@ -198,7 +202,9 @@ def mixed_work(config: dict, posts: list[item_targets.MixedPost], texts: dict | 
 
 
 def make_item(work: ItemWork, dst: Path, crf: int) -> dict:
-    """Write one item's file at ``dst``; its properties (fps, width, height, duration_s, frames)."""
+    """Write one item's file at ``dst``; its properties (fps, width, height, duration_s, frames; samples)."""
+    if work.action == "audio":
+        return audio.to_wav(work.path, dst, work.sample_rate)
     if work.action == "convert":
         size = (work.width, work.height) if work.width else None
         return {**images.convert_image(work.path, dst, size), "fps": None, "duration_s": None, "frames": 1}
@@ -218,8 +224,10 @@ def run_chunk(config: dict, inventory_path, chunk: int, output_path, media_dir,
     media_dir = Path(media_dir).resolve()
     media_dir.mkdir(parents=True, exist_ok=True)
     items = chunk_items(config, pq.read_table(inventory_path), chunk)
-    one_video, mixed = item_targets.split_posts(items)
-    texts = read_transcripts(transcript_paths) if transcript_paths is not None else None
+    heard = post_plan.hears_audio(config)
+    one_video, mixed = item_targets.split_posts(items, heard)
+    # A plan whose model hears the audio has no transcripts (its rule takes none): nothing stands in for them.
+    texts = read_transcripts(transcript_paths) if transcript_paths else None if not heard else {}
     wanted = one_video_work(config, items.take(pa.array(one_video, pa.int64())), texts) + mixed_work(config, mixed,
                                                                                                        texts)
     rows = []
@@ -230,20 +238,21 @@ def run_chunk(config: dict, inventory_path, chunk: int, output_path, media_dir,
             key = _key(work, crf)
             prev = done.get(key)
             if prev and (prev["status"] == "error" or (prev.get("media_path") and os.path.exists(prev["media_path"]))):
-                rows.append({**prev, "post_id": work.post_id, "item_index": work.index, "plan_action": work.plan_action,
-                             "plan": work.why})
+                rows.append({**prev, "post_id": work.post_id, "item_index": work.index, "part": work.part,
+                             "plan_action": work.plan_action, "plan": work.why})
                 continue
-            suffix = ".jpg" if work.action == "convert" else ".mp4"
+            suffix = {"convert": ".jpg", "audio": ".wav"}.get(work.action, ".mp4")
             dst = media_dir / f"{_safe_name(work.post_id)}-{key}{suffix}"
-            rec = {"post_id": work.post_id, "item_index": work.index, "media_path": None, "status": "ok", "error": None,
-                   "fps": None, "width": None, "height": None, "duration_s": None, "frames": None,
-                   "plan_action": work.plan_action, "plan": work.why, "key": key}
+            rec = {"post_id": work.post_id, "item_index": work.index, "part": work.part, "media_path": None,
+                   "status": "ok", "error": None, "fps": None, "width": None, "height": None, "duration_s": None,
+                   "frames": None, "samples": None, "plan_action": work.plan_action, "plan": work.why, "key": key}
             try:
                 rec.update(make_item(work, dst, crf))
-                if work.kind == "video" and rec["frames"] < tk.MIN_FILE_FRAMES:
+                least = families.of_config(config).min_file_frames
+                if work.kind == "video" and rec["frames"] < least:
                     dst.unlink()
                     raise RuntimeError(f"the transcoded file has {rec['frames']} frame(s); the server's sampler "
-                                       f"needs at least {tk.MIN_FILE_FRAMES}")
+                                       f"needs at least {least}")
                 rec["media_path"] = str(dst)
             except Exception as exc:  # a per-item record, never a crash
                 rec.update(status="error", error=f"{type(exc).__name__}: {exc}" if not isinstance(

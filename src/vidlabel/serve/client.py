@@ -294,7 +294,7 @@ class ClassifyClient:
                                      outcome.charged)
             if outcome.completion is not None:
                 rec["attempts"] = charged + 1
-                if fill_from_answer(rec, outcome.completion, s.questions) or max_tokens > s.max_tokens:
+                if fill_from_answer(rec, outcome.completion, s.questions, max_tokens) or max_tokens > s.max_tokens:
                     return rec
                 max_tokens = s.max_tokens * TRUNCATION_TOKEN_FACTOR  # a free retry with more room
                 continue
@@ -357,13 +357,23 @@ def _same_failure_run(history: list, outcome: _Outcome, answered_before: int) ->
     return len(history)
 
 
-def fill_from_answer(rec: dict, completion: dict, questions: list[dict[str, Any]]) -> bool:
-    """Record a 200 answer in ``rec``; False when it was truncated and may be retried with more tokens."""
+def fill_from_answer(rec: dict, completion: dict, questions: list[dict[str, Any]], max_tokens: int) -> bool:
+    """Record a 200 answer in ``rec``; False when it was truncated and may be retried with more tokens.
+
+    An answer cut before the ``max_tokens`` it was sent with was cut by the server for lack of context
+    (vLLM lowers max_tokens to what the context leaves, without a word): the prompt took more than the plan
+    estimated. It is no label, and more tokens would not help: ``over_context``, with the figures."""
     choice = completion["choices"][0]
     text = (choice.get("message") or {}).get("content") or ""
     usage = completion.get("usage") or {}
     rec.update(http_status=200, error_item=None, finish_reason=choice.get("finish_reason"), raw_text=text,
                prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens"))
+    if rec["finish_reason"] == "length" and (rec["completion_tokens"] or 0) < max_tokens:
+        rec.update(status="error", error_kind="over_context", answers=None,
+                   error=f"the server cut the answer at {rec['completion_tokens']} of its {max_tokens} tokens: the "
+                         f"prompt took {rec['prompt_tokens']} tokens of the context where the plan estimated "
+                         f"{rec.get('est_prompt_tokens')}, leaving no room for the answer (docs/planning.md)")
+        return True
     if rec["finish_reason"] == "length":
         rec.update(status="error", error_kind="truncated", answers=None,
                    error=f"answer cut at max_tokens ({rec['completion_tokens']} tokens)")

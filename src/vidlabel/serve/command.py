@@ -7,10 +7,10 @@ granted and for the data it sends (``PER_JOB_FIELDS``) left as placeholders: wha
 joined the data, reuses its answers.
 
 The fields for the data (``vidlabel.serve.items.MediaLimits``, docs/serving.md): ``limit_mm_per_prompt``
-(the most images and videos a post sends) and ``max_num_batched_tokens`` (at least the largest item:
-vLLM sizes its encoder cache from it). ``mm_processor_kwargs`` carries the pixel bounds of video frames
+(the most images, videos and audio items a post sends) and ``max_num_batched_tokens`` (at least the largest
+item: vLLM sizes its encoder cache from it). ``mm_processor_kwargs`` carries the pixel bounds of videos
 (``planning.min_pixels``/``max_pixels``) and of images (``planning.image_min_pixels``/``image_max_pixels``)
-in the form ``PIXEL_BOUNDS_FORM`` (``mm_processor_kwargs``); they decide answers, so they stay in it.
+in the model family's form (``mm_processor_kwargs``); they decide answers, so they stay in it.
 """
 
 from __future__ import annotations
@@ -151,41 +151,16 @@ def single_copy(settings: ServeSettings, log_path: str | Path, environ=os.enviro
 PER_JOB_FIELDS = ("port", "tensor_parallel_size", "data_parallel_size", "api_server_count", "max_num_seqs",
                   "limit_mm_per_prompt", "max_num_batched_tokens")
 
-# How --mm-processor-kwargs carries the pixel bounds (docs/serving.md, "Photos and video frames"):
-# - "split": {"images_kwargs": {"min_pixels", "max_pixels"}, "videos_kwargs": {...}}: transformers'
-#   ProcessorMixin._merge_kwargs hands each dict to its own processor at every request (5.x: a deep
-#   copy per call, so every request gets them), and the Qwen2-VL image and video processors map
-#   min/max_pixels onto their resize bounds. vLLM 0.26 passes the dicts through untouched
-#   (multimodal/processing/context.py: call_hf_processor, allow_var_kwargs=True); its profiler
-#   (models/qwen2_vl.py: get_image_size_with_most_features) reads only flat keys and the image
-#   processor's own size, i.e. the checkpoint's preprocessor_config.json, for its image and video alike.
-# - "split-size": the same with transformers 5's non-deprecated {"size": {"shortest_edge", "longest_edge"}}
-#   (5.23 warns that call-time min/max_pixels go away).
-# - "flat": {"min_pixels", "max_pixels"} of the video frames, which transformers applies to every
-#   modality (images are then bounded like frames: the calibration image shows it, and a job with
-#   photos stops).
-# vLLM 0.26 honours "split" (measured on one H200: every job's calibration images counted as planned, and
-# 1,042 photos in 155 posts served within 1 % of their estimates; docs/serving.md). benchmarks/gpu_images.py
-# compares the three forms on another server version.
-PIXEL_BOUNDS_FORM = "split"
-PIXEL_BOUNDS_FORMS = ("split", "split-size", "flat")
+# --mm-processor-kwargs carries the plan's pixel bounds in the family's own form (vidlabel.families:
+# Family.mm_processor_kwargs). Qwen2.5-VL's was measured on vLLM 0.26 (docs/serving.md, "Photos and video
+# frames": per-modality dicts with min/max_pixels; a flat pair would bound photos like video frames, which
+# the calibration images catch); the Qwen3 families take the processors' ``size`` form. The job's
+# calibration checks every server against the plan before its traffic (vidlabel.serve.probe).
 
 
-def mm_processor_kwargs(server: ServerSettings, form: str | None = None) -> str:
-    """``--mm-processor-kwargs``' JSON for the plan's pixel bounds in ``form`` (default PIXEL_BOUNDS_FORM)."""
-    form = form or PIXEL_BOUNDS_FORM
-    video, image = (server.min_pixels, server.max_pixels), (server.image_min_pixels, server.image_max_pixels)
-    if form == "flat":
-        kwargs: dict = {"min_pixels": video[0], "max_pixels": video[1]}
-    elif form == "split":
-        kwargs = {"images_kwargs": {"min_pixels": image[0], "max_pixels": image[1]},
-                  "videos_kwargs": {"min_pixels": video[0], "max_pixels": video[1]}}
-    elif form == "split-size":
-        kwargs = {"images_kwargs": {"size": {"shortest_edge": image[0], "longest_edge": image[1]}},
-                  "videos_kwargs": {"size": {"shortest_edge": video[0], "longest_edge": video[1]}}}
-    else:
-        raise ValueError(f"pixel bounds form {form!r} is not one of {PIXEL_BOUNDS_FORMS}")
-    return json.dumps(kwargs, separators=(",", ":"))
+def mm_processor_kwargs(server: ServerSettings) -> str:
+    """``--mm-processor-kwargs``' JSON for the plan's pixel bounds, in the family's form."""
+    return json.dumps(server.family.mm_processor_kwargs(server.sampling, server.image_bounds), separators=(",", ":"))
 
 
 def batched_tokens(server: ServerSettings) -> int:
@@ -212,9 +187,10 @@ def placeholder_command(server: ServerSettings) -> list[str]:
 def _fill_command(server: ServerSettings, per_job: dict) -> list[str]:
     fields = {
         "model": server.model, "media_root": server.allowed_media_path, "max_model_len": server.max_model_len,
-        "min_pixels": server.min_pixels, "max_pixels": server.max_pixels, "image_min_pixels": server.image_min_pixels,
-        "image_max_pixels": server.image_max_pixels, "mm_processor_kwargs": mm_processor_kwargs(server),
-        "fps": server.fps, "generation_config": server.generation_config, **per_job,
+        "min_pixels": server.sampling.min_pixels, "max_pixels": server.sampling.max_pixels,
+        "image_min_pixels": server.image_bounds.min_pixels, "image_max_pixels": server.image_bounds.max_pixels,
+        "mm_processor_kwargs": mm_processor_kwargs(server), "fps": server.sampling.fps,
+        "generation_config": server.generation_config, **per_job,
     }
     quoted = {k: shlex.quote(str(v)) for k, v in fields.items()}
     try:

@@ -1,6 +1,6 @@
 """How long one attempt may take, from the pace the shard has shown, and the stall detector.
 
-Deadline: an attempt may take FACTOR times its expected time, never less than
+Deadline: an attempt may take DEADLINE_FACTOR times its expected time, never less than
 ``classify.deadline_floor_s`` and never more than ``classify.request_timeout_s``. The expected time is
 the larger of two: the request's estimated tokens (``est_prompt_tokens`` + ``max_tokens``) times the
 seconds per token of the shard's recent answers (the QUANTILE of the last WINDOW answered attempts,
@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 log = logging.getLogger(__name__)
 
-FACTOR = 4
+DEADLINE_FACTOR = 4
 QUANTILE = 0.9
 WINDOW = 128
 MIN_ANSWERS = 8
@@ -148,7 +148,7 @@ class Deadlines:
         rate = self.answer_rate()
         if rate:
             expected = max(expected, (ahead + 1) / rate)
-        return min(self.ceiling_s, max(self.floor_s, FACTOR * expected))
+        return min(self.ceiling_s, max(self.floor_s, DEADLINE_FACTOR * expected))
 
     def expire(self, which: Callable[[_Attempt], bool], kind: str, message: str, charged: bool = True) -> int:
         """Cut the attempts in flight that ``which`` selects; how many."""
@@ -164,7 +164,7 @@ class Deadlines:
         for a in list(self._running):
             limit = self.limit_s(a.tokens, a.ahead)
             if now - a.started > limit:
-                a.expire("timeout", f"no answer within {limit:.0f} s ({FACTOR}x the time the shard's "
+                a.expire("timeout", f"no answer within {limit:.0f} s ({DEADLINE_FACTOR}x the time the shard's "
                                     f"answers suggest for ~{a.tokens} tokens, classify.adaptive_deadline)")
         if not self._running:
             return

@@ -35,8 +35,10 @@ import re
 from collections.abc import Sequence
 
 # Kinds that will not change on a retry: recorded once, terminal.
+# ``over_context``: the server cut the answer below its budget, the prompt having taken more of the context
+# than the plan estimated (vidlabel.serve.client.fill_from_answer).
 PERMANENT_KINDS = frozenset({"too_long", "encoder_cache", "too_many_items", "bad_media", "invalid_output",
-                             "truncated"})
+                             "truncated", "over_context"})
 # Kinds that may succeed later: retried here, and by a later run once this run's attempts are spent.
 # ``media_unreachable``: the server cannot see a file that exists where the job runs (another mount,
 # another --allowed-local-media-path); never terminal, and a run of them stops the job.

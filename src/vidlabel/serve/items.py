@@ -2,8 +2,9 @@
 
 A manifest row's ``items`` (docs/outputs.md) is the post's ordered list of media items, each with its
 ``index``, ``kind`` (video, image or audio), ``path`` (the original file), ``media_path`` (the file
-the server reads; null for audio), ``label`` ("Photo 3 of 12"), ``est_tokens`` (visual tokens with
-its two vision markers) and ``transcript_id``. It decides what is sent (``post_prompt.message_content``)
+the server reads; null for audio that goes as its transcript), ``label`` ("Photo 3 of 12"), ``est_tokens``
+(its prompt tokens, markers included), ``est_embeds`` (what vLLM's encoder cache holds of it), ``part``
+(``sound``: the sound of video ``index``, heard as an item of its own) and ``transcript_id``. It decides what is sent (``post_prompt.message_content``)
 and what the answer depends on (``identities``). A manifest of one-video posts (``media_path`` and no
 ``items``) is read as one unlabelled video item, so that such a post is sent as it always was.
 
@@ -11,8 +12,8 @@ and what the answer depends on (``identities``). A manifest of one-video posts (
 names the file (a missing file, a path outside the allowed directory), or one about "a(n) image item
 with N embedding tokens" (the encoder cache), or about the one item of its kind.
 
-``MediaLimits`` is what the job's server must accept: the most images and videos any post sends
-(``--limit-mm-per-prompt``) and the largest single item (``--max-num-batched-tokens``, from which vLLM
+``MediaLimits`` is what the job's server must accept: the most images, videos and audio items any post
+sends (``--limit-mm-per-prompt``) and the largest single item (``--max-num-batched-tokens``, from which vLLM
 sizes its encoder cache). ``job_limits`` takes them from the manifest's own figures
 (``vidlabel.prepare.post_plan.server_media_limits``, over the whole data set) and the job's rows.
 """
@@ -33,13 +34,12 @@ from vidlabel.serve.error_kinds import named_paths
 
 log = logging.getLogger(__name__)
 
-SENT_KINDS = ("image", "video")  # what the server reads a file of; audio goes as its transcript
-MARKERS = 2  # <|vision_start|> and <|vision_end|> in an item's est_tokens
+SENT_KINDS = ("image", "video", "audio")  # what the server may read a file of (audio: where the model hears it)
 # vLLM 0.26 (v1/engine/input_processor.py): "The decoder prompt contains a(n) image item with N embedding tokens"
 _ITEM_EMBEDS = re.compile(r"a\(n\) (image|video|audio) item with (\d+) embedding tokens", re.IGNORECASE)
-_MODALITY = re.compile(r"\b(image|video)", re.IGNORECASE)
+_MODALITY = re.compile(r"\b(image|video|audio)", re.IGNORECASE)
 # The keys of server_media_limits that size the server (the manifest's contract).
-LIMIT_KEYS = ("image", "video", "largest_item_tokens")
+LIMIT_KEYS = ("image", "video", "largest_item_tokens")  # and "audio", from manifests that send audio
 
 
 def post_items(row: Mapping[str, Any]) -> list[dict]:
@@ -49,7 +49,7 @@ def post_items(row: Mapping[str, Any]) -> list[dict]:
         return items
     path = row["media_path"]
     return [{"index": 0, "kind": "video", "path": path, "media_path": path, "label": None,
-             "est_tokens": None, "transcript_id": row.get("transcript_id")}]
+             "est_tokens": None, "est_embeds": None, "transcript_id": row.get("transcript_id")}]
 
 
 def sent_items(items: Iterable[Mapping]) -> list[Mapping]:
@@ -58,11 +58,12 @@ def sent_items(items: Iterable[Mapping]) -> list[Mapping]:
 
 
 def identities(items: Iterable[Mapping], media: Mapping[str, Any]) -> list[dict]:
-    """What of each item an answer depends on, in the post's order: its kind, label and transcript, and
-    the identity of the file the server reads (``media``: vidlabel.core.identity.media_items)."""
+    """What of each item an answer depends on, in the post's order: its kind, part, label and transcript,
+    and the identity of the file the server reads (``media``: vidlabel.core.identity.media_items)."""
     return [{"index": i.get("index"), "kind": i["kind"], "label": i.get("label"),
              "media": media[i["media_path"]] if i.get("media_path") else None,
-             "transcript": i.get("transcript_id")} for i in items]
+             "transcript": i.get("transcript_id"), **({"part": i["part"]} if i.get("part") else {})}
+            for i in items]
 
 
 def named_item(message: str | None, items: list[Mapping]) -> Mapping | None:
@@ -80,8 +81,8 @@ def named_item(message: str | None, items: list[Mapping]) -> Mapping | None:
     if match:
         kind, embeds = match.group(1).lower(), int(match.group(2))
         same = [i for i in sent if i["kind"] == kind]
-        sized = [i for i in same if i.get("est_tokens") is not None and int(i["est_tokens"]) - MARKERS == embeds]
-        if len(sized) == 1 or (sized and len({int(i["est_tokens"]) for i in sized}) == 1):
+        sized = [i for i in same if i.get("est_embeds") is not None and int(i["est_embeds"]) == embeds]
+        if len(sized) == 1 or (sized and len({int(i["est_embeds"]) for i in sized}) == 1):
             return sized[0]
         return same[0] if len(same) == 1 else None
     kinds = {m.lower() for m in _MODALITY.findall(message)}
@@ -95,31 +96,33 @@ class MediaLimits:
     image: int = 0
     video: int = 1  # the calibration videos need one, whatever the data
     largest_item_tokens: int = 0
+    audio: int = 0
 
     def __post_init__(self):
         object.__setattr__(self, "video", max(1, int(self.video)))
 
     @classmethod
     def of_rows(cls, rows: Iterable[Mapping]) -> "MediaLimits":
-        image = video = largest = 0
+        image = video = audio = largest = 0
         for row in rows:
             items = post_items(row)
             counts = Counter(i["kind"] for i in sent_items(items))
-            image, video = max(image, counts["image"]), max(video, counts["video"])
+            image, video, audio = max(image, counts["image"]), max(video, counts["video"]), max(audio, counts["audio"])
             largest = max([largest, *(int(i["est_tokens"]) for i in items if i.get("est_tokens") is not None)])
-        return cls(image=image, video=video, largest_item_tokens=largest)
+        return cls(image=image, video=video, largest_item_tokens=largest, audio=audio)
 
     def union(self, other: "MediaLimits") -> "MediaLimits":
         return MediaLimits(max(self.image, other.image), max(self.video, other.video),
-                           max(self.largest_item_tokens, other.largest_item_tokens))
+                           max(self.largest_item_tokens, other.largest_item_tokens), max(self.audio, other.audio))
 
     @property
     def flag(self) -> str:
-        """``--limit-mm-per-prompt``'s JSON."""
-        return json.dumps({"image": self.image, "video": self.video}, separators=(",", ":"))
+        """``--limit-mm-per-prompt``'s JSON (audio only where the data send it, as before audio was heard)."""
+        limits = {"image": self.image, "video": self.video, **({"audio": self.audio} if self.audio else {})}
+        return json.dumps(limits, separators=(",", ":"))
 
     def count(self, modality: str) -> int:
-        return {"image": self.image, "video": self.video}.get(modality, 0)
+        return {"image": self.image, "video": self.video, "audio": self.audio}.get(modality, 0)
 
 
 def manifest_limits(manifest_dir: str | Path) -> MediaLimits | None:
@@ -132,7 +135,8 @@ def manifest_limits(manifest_dir: str | Path) -> MediaLimits | None:
     if missing:
         raise ValueError(f"server_media_limits({manifest_dir}) lacks {missing} (has {sorted(found)}): the "
                          "manifest and the classify stage disagree on its contract")
-    return MediaLimits(int(found["image"]), int(found["video"]), int(found["largest_item_tokens"]))
+    return MediaLimits(int(found["image"]), int(found["video"]), int(found["largest_item_tokens"]),
+                       int(found.get("audio", 0)))
 
 
 def job_limits(rows: list[Mapping], manifest_dir: str | Path) -> MediaLimits:
@@ -141,7 +145,7 @@ def job_limits(rows: list[Mapping], manifest_dir: str | Path) -> MediaLimits:
     own = MediaLimits.of_rows(rows)
     data = manifest_limits(manifest_dir)
     limits = own if data is None else data.union(own)
-    log.info("media limits: up to %d image(s) and %d video(s) per post, the largest item %d tokens (%s)",
-             limits.image, limits.video, limits.largest_item_tokens,
+    log.info("media limits: up to %d image(s), %d video(s) and %d audio item(s) per post, the largest item %d "
+             "tokens (%s)", limits.image, limits.video, limits.audio, limits.largest_item_tokens,
              "the job's rows" if data is None else "the manifest's figures for the whole data set")
     return limits

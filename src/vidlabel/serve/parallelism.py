@@ -13,10 +13,11 @@ Inputs, each logged with the decision:
   one (no GPU seen: only a stand-in server can run).
 - Memory per GPU: ``classify.gpu_memory_gib``, else the smallest ``memory.total`` nvidia-smi reports.
 - Weights: the model's ``model.safetensors.index.json`` total size when present, else the parameter
-  count computed from its ``config.json`` (text decoder plus vision tower) times the dtype's bytes.
-  The files are looked up in the model directory (``classify.model`` as a local path) or in the
-  Hugging Face cache; without them a size in the model name ("72B") is the last resort.
-- KV cache per token: 2 x layers x KV heads x head size x dtype bytes.
+  count its family computes from its ``config.json`` (``Family.model_shape``: the text decoder, every
+  expert of a mixture of experts, the vision and audio towers) times the dtype's bytes. The files are
+  looked up in the model directory (``classify.model`` as a local path) or in the Hugging Face cache;
+  without them a size in the model name ("72B") is the last resort.
+- KV cache per token: 2 x layers x KV heads x head size x dtype bytes (the family's ``model_shape``).
 - Quantization: ``classify.quantization`` (or a ``--quantization`` flag in the server command or
   ``classify.server_args``) on a checkpoint that is not quantized already (no ``quantization_config``
   in its config.json) stores the weights at the method's width (``QUANTIZED_BYTES``: fp8 one byte
@@ -42,7 +43,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vidlabel.core.identity import model_files
+from vidlabel import families
+from vidlabel.core.models import model_files
 from vidlabel.serve import decode, quantization
 
 if TYPE_CHECKING:
@@ -54,7 +56,6 @@ GIB = 1024 ** 3
 # Activations of the largest batch, CUDA graphs, the vision tower's work space and the encoder cache,
 # per GPU (vLLM measures it at start-up; this only has to be on the safe side of it).
 OVERHEAD_GIB = 4.0
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float8": 1, "int8": 1}
 # Bytes per parameter of the weights as a --quantization method stores them (vLLM quantizes fp8 on load).
 QUANTIZED_BYTES = {"fp8": 1, "fbgemm_fp8": 1, "ptpc_fp8": 1, "modelopt": 1, "awq": 0.5, "awq_marlin": 0.5,
                    "gptq": 0.5, "gptq_marlin": 0.5, "bitsandbytes": 0.5}
@@ -139,43 +140,9 @@ def _nvidia_smi(args: list[str]) -> str | None:
 
 # ------------------------------------------------------------------------------- the model
 
-def _dtype_bytes(cfg: dict) -> int:
-    text = cfg.get("text_config") or {}
-    name = str(cfg.get("torch_dtype") or cfg.get("dtype") or text.get("torch_dtype") or "bfloat16")
-    return DTYPE_BYTES.get(name.replace("torch.", ""), 2)
-
-
-def text_parameters(cfg: dict) -> float:
-    """Parameters of a llama/qwen-style decoder from its config (embeddings, attention, gated MLP)."""
-    h = cfg["hidden_size"]
-    layers = cfg["num_hidden_layers"]
-    heads = cfg["num_attention_heads"]
-    kv = cfg.get("num_key_value_heads") or heads
-    head_dim = cfg.get("head_dim") or h // heads
-    inter = cfg["intermediate_size"]
-    vocab = cfg["vocab_size"]
-    attention = h * heads * head_dim + 2 * h * kv * head_dim + heads * head_dim * h + (heads + 2 * kv) * head_dim
-    mlp = 3 * h * inter
-    per_layer = attention + mlp + 2 * h
-    embeddings = vocab * h * (1 if cfg.get("tie_word_embeddings") else 2)
-    return float(layers * per_layer + embeddings + h)
-
-
-def vision_parameters(vc: dict) -> float:
-    """Parameters of a Qwen2.5-VL-style vision tower (patch embedding, blocks, patch merger)."""
-    hv = vc["hidden_size"]
-    depth = vc["depth"]
-    inter = vc.get("intermediate_size") or 4 * hv
-    patch = vc.get("patch_size", 14)
-    embed = vc.get("in_chans", 3) * vc.get("temporal_patch_size", 2) * patch * patch * hv
-    block = 4 * hv * hv + 4 * hv + 3 * hv * inter + 2 * inter + hv + 2 * hv
-    merged = hv * vc.get("spatial_merge_size", 2) ** 2
-    merger = hv + merged * merged + merged + merged * vc.get("out_hidden_size", hv) + vc.get("out_hidden_size", hv)
-    return float(embed + depth * block + merger)
-
-
-def model_footprint(model: str) -> ModelFootprint | None:
-    """Weights and KV cache per token of ``model``; None when nothing tells its size."""
+def model_footprint(model: str, family: families.Family) -> ModelFootprint | None:
+    """Weights and KV cache per token of ``model`` (a checkpoint of ``family``, which knows its shape); None
+    when nothing tells its size."""
     directory = model_files(model)
     if directory is None:
         match = _SIZE_IN_NAME.search(Path(model).name)
@@ -184,22 +151,18 @@ def model_footprint(model: str) -> ModelFootprint | None:
         return ModelFootprint(float(match.group(1)) * 1e9 * 2, math.nan, None,
                               f"size in the model name ({match.group(0)}, bf16); no config.json found")
     cfg = json.loads((directory / "config.json").read_text())
-    text = cfg.get("text_config") or cfg
-    dtype_bytes = _dtype_bytes(cfg)
+    shape = family.model_shape(cfg)
     index = directory / "model.safetensors.index.json"
     if index.is_file() and json.loads(index.read_text()).get("metadata", {}).get("total_size"):
         weights = float(json.loads(index.read_text())["metadata"]["total_size"])
         source = f"{index.name} total_size"
     else:
-        params = text_parameters(text) + (vision_parameters(cfg["vision_config"]) if cfg.get("vision_config") else 0)
-        weights = params * dtype_bytes
-        source = f"config.json ({params / 1e9:.2f}B parameters x {dtype_bytes} bytes)"
-    heads = text["num_attention_heads"]
-    head_dim = text.get("head_dim") or text["hidden_size"] // heads
-    kv_heads = text.get("num_key_value_heads") or heads
-    kv = 2 * text["num_hidden_layers"] * kv_heads * head_dim * dtype_bytes
-    return ModelFootprint(weights, float(kv), heads, f"{source}, {directory}", float(dtype_bytes),
-                          "quantization_config" in cfg or "quantization_config" in text)
+        weights = shape.parameters * shape.dtype_bytes
+        source = f"config.json ({shape.parameters / 1e9:.2f}B parameters x {shape.dtype_bytes:g} bytes, {family.name})"
+    prequantized = any("quantization_config" in c for c in (cfg, cfg.get("text_config") or {},
+                                                              cfg.get("thinker_config") or {}))
+    return ModelFootprint(weights, shape.kv_bytes_per_token, shape.attention_heads, f"{source}, {directory}",
+                          float(shape.dtype_bytes), prequantized)
 
 
 def server_flag(words: list[str], *names: str) -> str | None:
@@ -255,7 +218,7 @@ def choose_layout(settings: ServeSettings, largest_request_tokens: int, environ=
     n = max(1, len(gpus))
     ids = tuple(gpus) if gpus else ("0",)
     memory, memory_source = gpu_memory_gib(c)
-    footprint = footprint or model_footprint(settings.model)
+    footprint = footprint or model_footprint(settings.model, settings.plan.family)
     if footprint is not None:
         footprint = served_footprint(settings, footprint)
     inputs = (f"{n} GPUs ({gpu_source}: {','.join(ids)}), {'%.1f GiB' % memory if memory else 'memory unknown'} per GPU "

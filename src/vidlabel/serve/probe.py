@@ -12,19 +12,21 @@ From vLLM 0.26's HTTP API:
   engine's whole config, of which the answer-relevant keys are kept (``SERVER_INFO_KEYS``: quantization,
   dtype, load format, media and processor kwargs, ...);
 - calibration requests (``Calibration``): a text-only one and two small generated videos with the
-  same text; the difference of their ``usage.prompt_tokens`` is the visual tokens the server makes of
-  each video, which follows its effective fps (a long video of tiny frames) and pixel bounds (a short
-  video of frames larger than the plan's max_pixels, and the tiny frames below its min_pixels). They
-  are compared with what the plan expects (a mismatch is logged loudly and named in the server's label:
-  the server samples videos otherwise than the manifest planned), and they prove that the server
-  decodes media from the job's media directory (a media error stops the job before its traffic:
+  same text; the difference of their ``usage.prompt_tokens`` is the tokens the server makes of each
+  video, which follows its model family, its effective fps (a long video of tiny frames) and pixel bounds
+  (a short video of frames larger than the plan's upper bound, and the tiny frames below its lower
+  one). A count other than the plan's stops the job before its traffic (CalibrationUnlikePlan: every
+  estimate and the context gate of the manifest would be wrong), naming the plan's family and, where one
+  family's rules give the server's count, that family. They also prove that the server decodes media
+  from the job's media directory (a media error stops the job before its traffic:
   CalibrationMediaError). A job whose posts send images also sends two generated images (one larger
   than the plan's image_max_pixels, one below its image_min_pixels): a server that resizes images
   otherwise than the plan (the flat --mm-processor-kwargs bounding photos like video frames), or
   refuses images, stops the job before its traffic (CalibrationBelowPlan: every image estimate would be
-  wrong). The images check the server against the plan's image bounds, which the request fingerprint
-  holds already; they stay out of the server fingerprint, so that data that come to hold photos do not
-  make every video's answer another server's.
+  wrong). A job whose model hears audio sends a generated WAV as well (``audio``): a count other than the
+  plan's stops it the same way. The images and the sound check the server against the plan, which the
+  request fingerprint holds already; they stay out of the server fingerprint, so that data that come to
+  hold photos do not make every video's answer another server's.
 
 Everything kept goes into the endpoint's ``ServerIdentity``, whose fingerprint every record carries
 (vidlabel.core.identity.server_fingerprint): a record made by a server with another fingerprint is
@@ -79,18 +81,28 @@ class CalibrationBelowPlan(RuntimeError):
     """A calibration image shows a server that resizes or limits images otherwise than the plan."""
 
 
+class CalibrationUnlikePlan(RuntimeError):
+    """A calibration video or sound shows a server that counts it otherwise than the plan (another model
+    family, other sampling or pixel bounds, another processor version)."""
+
+
 @dataclass(frozen=True)
 class CalibrationItem:
     path: str
-    expected_tokens: int  # visual tokens the plan expects, start/end markers included
+    expected_tokens: int  # tokens the plan expects, markers included
     what: str  # what it reveals, in words
-    kind: str = "video"  # video | image
+    kind: str = "video"  # video | image | audio
+    # What each model family would count of it under its own defaults (family -> tokens), to name the
+    # family of a server that counts otherwise than the plan.
+    by_family: tuple[tuple[str, int], ...] = ()
+    family: str = ""  # the plan's
 
 
 @dataclass(frozen=True)
 class Calibration:
     videos: tuple[CalibrationItem, ...]
     images: tuple[CalibrationItem, ...] = ()  # sent where the job's posts send images
+    sounds: tuple[CalibrationItem, ...] = ()  # sent where the job's posts send audio for the model to hear
 
 
 @dataclass(frozen=True)
@@ -190,11 +202,12 @@ async def calibrate(session: aiohttp.ClientSession, ep, model: str, calibration:
                     ) -> tuple[dict, tuple[str, ...]]:
     """(visual tokens per calibration video, the videos counted otherwise than the plan). Raises
     CalibrationMediaError when the server cannot read or decode them, CalibrationBelowPlan when it
-    resizes or refuses the calibration images (module docstring)."""
+    resizes or refuses the calibration images, CalibrationUnlikePlan when it counts a video or the sound
+    otherwise than the plan (module docstring)."""
     text_only, _, _ = await _prompt_tokens(session, ep.chat_url, ep.headers, model, None)
     measured: dict[str, int | None] = {}
     unlike = []
-    for item in (*calibration.videos, *calibration.images):
+    for item in (*calibration.videos, *calibration.images, *calibration.sounds):
         tokens, status, message = await _prompt_tokens(session, ep.chat_url, ep.headers, model, item)
         if tokens is None:
             kind = classify_error(status, message, item.path)[0]
@@ -223,16 +236,28 @@ async def calibrate(session: aiohttp.ClientSession, ep, model: str, calibration:
                     "(the {mm_processor_kwargs} field of classify.server_command; docs/serving.md, \"Photos and "
                     "video frames\"), or set planning.image_min_pixels / image_max_pixels to the server's; then rerun.")
             continue
-        measured[item.what] = visual
+        if item.kind == "video":
+            measured[item.what] = visual
         if visual is not None and visual != item.expected_tokens:
             unlike.append(item.what)
-            log.warning("%s samples videos otherwise than the plan: the calibration video for its %s took %d visual "
-                        "tokens where the plan expects %d (planning.fps, min_pixels, max_pixels, min/max_frames): "
-                        "its answers are labelled with this server, but the manifest's token estimates and context "
-                        "gate do not describe it; restart it with the plan's --media-io-kwargs and "
-                        "--mm-processor-kwargs, or set planning.* to the server's", ep.base_url, item.what, visual,
-                        item.expected_tokens)
+            raise CalibrationUnlikePlan(unlike_text(ep.base_url, item, visual))
     return measured, tuple(unlike)
+
+
+def unlike_text(base_url: str, item: CalibrationItem, counted: int) -> str:
+    """Why a server that counts a calibration item otherwise than the plan is refused, naming both families."""
+    same = [name for name, tokens in item.by_family if tokens == counted]
+    if same and item.family not in same:
+        who = (f"it counts as the {' or '.join(same)} family does (at that family's defaults), not as the plan's "
+               f"{item.family}: the model is not of the family the plan assumes. Set planning.model_family (or the "
+               f"entry's model_family) to the server's family, or serve the model the plan names")
+    else:
+        who = (f"the plan's family is {item.family}; the server samples or resizes otherwise (planning.fps, min/max "
+               "pixels, min/max frames, or another vLLM/transformers version: docs/serving.md): restart it with the "
+               "plan's --media-io-kwargs and --mm-processor-kwargs, or set planning.* to the server's")
+    return (f"{base_url}: the calibration {item.kind} for the {item.what} ({Path(item.path).name}) took {counted} "
+            f"tokens where the plan expects {item.expected_tokens}, so the manifest's token estimates and context "
+            f"gate do not describe this server and no post is sent; {who}; then rerun.")
 
 
 async def identify(session: aiohttp.ClientSession, ep, model: str, calibration: Calibration | None) -> ServerIdentity:

@@ -13,10 +13,11 @@ import shlex
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
+from vidlabel import families
 from vidlabel.core import settings as stage_settings
+from vidlabel.families import Family, ImageBounds, Sampling
 from vidlabel.prepare import planning
 from vidlabel.prepare.prompt import response_format
-from vidlabel.prepare.tokens import ImageBounds, Sampling
 from vidlabel.serve import decode
 from vidlabel.serve.confidence import logprobs_request
 from vidlabel.serve.items import MediaLimits
@@ -71,11 +72,9 @@ class ServerSettings:
     api_server_count: int | None
     startup_timeout_s: float
     shutdown_grace_s: float
-    fps: float
-    min_pixels: int
-    max_pixels: int
-    image_min_pixels: int
-    image_max_pixels: int
+    family: Family  # its pixel-bounds form (--mm-processor-kwargs)
+    sampling: Sampling
+    image_bounds: ImageBounds
     allowed_media_path: str  # the one directory the server may read (planning.allowed_media_path)
     decode_backend: str  # vLLM's video codec backend for planning.decode (vidlabel.serve.decode)
     quantization: str | None  # classify.quantization (vidlabel.serve.quantization)
@@ -103,9 +102,10 @@ class LayoutSettings:
 
 @dataclass(frozen=True)
 class PlanSettings:
-    """What the manifest planned the requests for: how the server samples videos and resizes images,
-    and its limits."""
-    model_family: str
+    """What the manifest planned the requests for: the model family (its rules) and how the model takes
+    the audio, how the server samples videos and resizes images, and its limits."""
+    family: Family
+    audio: str  # classify.audio
     sampling: Sampling
     image_bounds: ImageBounds
     max_model_len: int
@@ -114,7 +114,7 @@ class PlanSettings:
 
     def identity(self) -> dict[str, Any]:
         s, i = self.sampling, self.image_bounds
-        return {"model_family": self.model_family, "fps": s.fps, "min_frames": s.min_frames,
+        return {**self.family.identity(), "audio": self.audio, "fps": s.fps, "min_frames": s.min_frames,
                 "max_frames": s.max_frames, "min_pixels": s.min_pixels, "max_pixels": s.max_pixels,
                 "image_min_pixels": i.min_pixels, "image_max_pixels": i.max_pixels,
                 "max_model_len": self.max_model_len, "max_num_batched_tokens": self.max_num_batched_tokens}
@@ -147,7 +147,7 @@ class ServeSettings:
 
     @classmethod
     def from_config(cls, config: Mapping) -> "ServeSettings":
-        c, p = config["classify"], config["planning"]
+        c = config["classify"]
         parallelism = c["parallelism"]
         allowed = planning.allowed_media_path(config)
         ad = c["adaptive_concurrency"]
@@ -159,13 +159,13 @@ class ServeSettings:
             max_attempts=c["max_attempts"], backoff_initial_s=c["backoff_initial_s"],
             backoff_max_s=c["backoff_max_s"], health_interval_s=c["health_interval_s"], media_root=allowed,
             adaptive=ad["enabled"], adaptive_floor=ad["floor"], adaptive_ceiling=ad["ceiling"])
+        family, sampling, images = families.of_config(config), planning.sampling(config), planning.image_bounds(config)
         server = ServerSettings(
             model=c["model"], command=c["server_command"], args=c["server_args"],
             generation_config=c["generation_config"], max_model_len=c["max_model_len"],
             max_num_batched_tokens=c["max_num_batched_tokens"], max_num_seqs=c["max_num_seqs"],
             api_server_count=c["api_server_count"], startup_timeout_s=float(c["startup_timeout_s"]),
-            shutdown_grace_s=float(c["shutdown_grace_s"]), fps=p["fps"], min_pixels=p["min_pixels"],
-            max_pixels=p["max_pixels"], image_min_pixels=p["image_min_pixels"], image_max_pixels=p["image_max_pixels"],
+            shutdown_grace_s=float(c["shutdown_grace_s"]), family=family, sampling=sampling, image_bounds=images,
             allowed_media_path=allowed, decode_backend=decode.backend(config),
             quantization=c.get("quantization"))
         layout = LayoutSettings(
@@ -173,8 +173,8 @@ class ServeSettings:
             if isinstance(parallelism, Mapping) else None,
             data_parallel_backend=c["data_parallel_backend"], gpu_memory_gib=c["gpu_memory_gib"],
             gpu_memory_utilization=float(c["gpu_memory_utilization"]))
-        plan = PlanSettings(model_family=p["model_family"], sampling=Sampling.from_config(config),
-                            image_bounds=ImageBounds.from_config(config), max_model_len=c["max_model_len"], max_tokens=c["max_tokens"],
+        plan = PlanSettings(family=family, audio=c.get("audio", "transcript"), sampling=sampling, image_bounds=images,
+                            max_model_len=c["max_model_len"], max_tokens=c["max_tokens"],
                             max_num_batched_tokens=c["max_num_batched_tokens"])
         return cls(model=c["model"], server=server, layout=layout, client=client, plan=plan,
                    endpoints=tuple(u.rstrip("/") for u in c["endpoints"]), api_key_env=c["api_key_env"],

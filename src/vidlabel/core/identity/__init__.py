@@ -33,15 +33,13 @@ from vidlabel.core.identity.model import (
     IdentityError,
     ModelIdentity,
     file_arguments,
-    hub_snapshot,
-    model_files,
     model_identity,
     program_version,
 )
 from vidlabel.core.settings import digest, result_settings
 
 __all__ = ["INPUTS", "Input", "MODES", "IdentityError", "ModelIdentity", "answer_fingerprint", "file_arguments",
-           "files_state", "hub_snapshot", "markdown_table", "media_item", "media_items", "media_state", "model_files",
+           "files_state", "markdown_table", "media_item", "media_items", "media_state",
            "model_identity", "program_version", "server_fingerprint", "transcript_id", "transcription_fingerprint",
            "transcription_settings"]
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from vidlabel.core.models import hub_snapshot
+
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".msgpack", ".h5", ".onnx")
 SMALL_FILE_BYTES = 64 * 1024 * 1024  # above: identified by size and time, like weights
 VERSION_TIMEOUT_S = 300.0  # `vllm --version` imports torch: seconds on a slow node
@@ -54,33 +56,6 @@ class ModelIdentity:
 
     def as_dict(self) -> dict[str, str]:
         return {"name": self.name, "kind": self.kind, "digest": self.digest}
-
-
-def hub_cache() -> Path:
-    return Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME") or "~/.cache/huggingface")
-                / "hub").expanduser()
-
-
-def hub_snapshot(name: str) -> Path | None:
-    """The cached snapshot a hub name loads offline: the one ``refs/main`` names, else the newest one
-    holding a config.json."""
-    repo = hub_cache() / ("models--" + name.replace("/", "--"))
-    ref = repo / "refs" / "main"
-    if ref.is_file():
-        chosen = repo / "snapshots" / ref.read_text().strip()
-        if (chosen / "config.json").is_file():
-            return chosen
-    snapshots = repo / "snapshots"
-    found = sorted(snapshots.glob("*/config.json"), key=lambda p: p.stat().st_mtime) if snapshots.is_dir() else []
-    return found[-1].parent if found else None
-
-
-def model_files(model: str) -> Path | None:
-    """The directory holding the model's config.json: a local folder, or its Hugging Face cache snapshot."""
-    local = Path(model).expanduser()
-    if (local / "config.json").is_file():
-        return local
-    return hub_snapshot(model)
 
 
 def _snapshot_revision(folder: Path) -> str | None:
