@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from conftest import REPO, run_snakemake, write_overlay
-from standin import standin_command
+from standin import read_request_log, standin_command
 from test_fault_matrix import make_shard, media  # noqa: F401 (fixtures)
 
 from vidlabel.demo_mixed import make_mixed_set, soundtrack
@@ -24,8 +24,9 @@ from vidlabel.serve.probe import CalibrationUnlikePlan
 DATA = REPO / "tests" / "data"
 RULES = {"promotes_product": "buy", "sales_interaction": "link"}
 # name -> (model, audio): two families by their folders' config.json, one by its hub name.
-MODELS = {"q3vl": (DATA / "qwen3_vl_8b", None), "q25": ("Qwen/Qwen2.5-VL-7B-Instruct", None)}
-PLANS = {"q3vl": "qwen3_vl", "q25": "qwen2_5_vl"}
+MODELS = {"q3vl": (DATA / "qwen3_vl_8b", None), "q25": ("Qwen/Qwen2.5-VL-7B-Instruct", None),
+          "heard": (DATA / "qwen3_omni_30b_a3b", "native"), "read": (DATA / "qwen3_omni_30b_a3b", None)}
+PLANS = {"q3vl": "qwen3_vl", "q25": "qwen2_5_vl", "heard": "qwen3_omni-native", "read": "qwen3_omni"}
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +58,10 @@ def families_run(tmp_path_factory, demo_set):
     write_overlay(workdir, demo_root, {"posts": str(root / "posts-all.csv"), "media_root": str(root / "media"),
                                        "classify": {"models": entries, "shards": 1},
                                        "planning": {"model_family": "auto"}})
+    # Before any run: the model that hears the audio needs no transcript.
+    dry = run_snakemake(workdir, "results/models/heard/labels.parquet", "-n", "--quiet", "rules").stdout
     run_snakemake(workdir)
-    return workdir, None, info
+    return workdir, dry, info
 
 
 def _labels(workdir: Path, name: str) -> dict[str, dict]:
@@ -67,6 +70,12 @@ def _labels(workdir: Path, name: str) -> dict[str, dict]:
 
 def _manifest(workdir: Path, plan: str) -> dict[str, dict]:
     return {r["post_id"]: r for r in pq.read_table(workdir / "results" / "manifest" / plan / "shard-0.parquet").to_pylist()}
+
+
+@pytest.mark.slow
+def test_a_model_that_hears_the_audio_waits_for_no_transcript(families_run):
+    _, dry, _ = families_run
+    assert "manifest" in dry and "classify" in dry and "transcribe" not in dry
 
 
 @pytest.mark.slow
@@ -89,15 +98,45 @@ def test_each_family_gets_its_own_plan_and_every_estimate_is_the_server_s(famili
     # The same video costs each family its own tokens: Qwen3-VL's one budget with its timestamps, Omni's 32-px
     # cells per frame, Qwen2.5-VL's 28-px cells.
     post = next(p for p, r in _manifest(workdir, "qwen2_5_vl").items() if r["post_type"] == "video")
-    tokens = {plan: _manifest(workdir, plan)[post]["est_video_tokens"] for plan in ("qwen2_5_vl", "qwen3_vl")}
-    assert len(set(tokens.values())) == 2, tokens
+    tokens = {plan: _manifest(workdir, plan)[post]["est_video_tokens"] for plan in ("qwen2_5_vl", "qwen3_vl",
+                                                                                   "qwen3_omni")}
+    assert len(set(tokens.values())) == 3, tokens
 
 
 @pytest.mark.slow
-def test_the_models_compare_in_one_report(families_run):
+def test_the_model_that_hears_gets_every_sound_as_audio_and_no_transcript(families_run):
+    workdir, _, info = families_run
+    heard, read = _manifest(workdir, "qwen3_omni-native"), _manifest(workdir, "qwen3_omni")
+    talking = next(p for p, e in info.items() if e["probe_ok"] and e["has_audio"] and e["text"])
+    row = heard[talking]
+    assert [(i["kind"], i["part"]) for i in row["items"]] == [("video", None), ("audio", "sound")]
+    assert row["items"][1]["media_path"].endswith(".wav") and row["items"][1]["label"] == "Sound of video 1 of 1"
+    assert row["transcript_status"] == "heard" and "listen to the post's audio" in row["prompt"]
+    assert row["est_audio_tokens"] > 0 and row["est_prompt_tokens"] > read[talking]["est_prompt_tokens"]
+    assert read[talking]["transcript"] and [i["kind"] for i in read[talking]["items"]] == ["video"]
+    silent = next(p for p, e in info.items() if e["probe_ok"] and not e["has_audio"])
+    assert [i["kind"] for i in heard[silent]["items"]] == ["video"]  # no sound: nothing to hear
+    # The slideshow's soundtrack and the voice note are heard; the reading model gets their transcripts.
+    assert [i["kind"] for i in heard["slideshow-01"]["items"]][-1] == "audio"
+    assert heard["slideshow-01"]["items"][-1]["media_path"].endswith(".wav")
+    assert read["slideshow-01"]["items"][-1]["media_path"] is None and "Soundtrack transcript" in read["slideshow-01"]["prompt"]
+    assert heard["voice-note"]["post_type"] == "audio" and heard["voice-note"]["est_audio_tokens"] > 0
+    # What each server was sent: WAVs to the hearing model only.
+    sent = {name: [e["path"] for e in read_request_log(workdir / f"requests-{name}.jsonl") if e["event"] == "media"]
+            for name in MODELS}
+    assert any(p.endswith(".wav") for p in sent["heard"])
+    assert not any(p.endswith(".wav") for name in ("q3vl", "q25", "read") for p in sent[name])
+
+
+@pytest.mark.slow
+def test_the_four_models_compare_in_one_report_with_their_tokens(families_run):
     workdir, _, _ = families_run
     models = {r["model"]: r for r in csv.DictReader(open(workdir / "results" / "compare" / "models.csv"))}
     assert set(models) == set(MODELS)
+    tokens = {name: {r["direction"]: r for r in csv.DictReader(
+        open(workdir / "results" / "models" / name / "summary" / "tokens.csv"))} for name in MODELS}
+    assert int(tokens["heard"]["input_audio"]["requests"]) > 0
+    assert int(tokens["read"]["input_audio"]["requests"]) == 0
     compare = (workdir / "results" / "compare" / "compare.md").read_text()
     assert all(name in compare for name in MODELS)
 

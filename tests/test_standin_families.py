@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import wave
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from vidlabel import families
@@ -20,7 +22,7 @@ import served  # noqa: E402
 # (seconds, width, height, fps): the 359-frame clip of the float step, short and long, portrait and odd sizes.
 CLIPS = [(359 / 30, 1080, 1920, 30), (12.0, 1280, 720, 30), (1.0, 640, 360, 30), (31.5, 720, 1280, 25),
          (3.3, 718, 1278, 60), (20.0, 480, 480, 24)]
-FAMILIES = {"qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl"}
+FAMILIES = {"qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl", "qwen3_omni": "qwen3_omni_moe"}
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +49,20 @@ def test_video_estimates_equal_the_stand_in_s_counts(clips, name):
                                   family.default_sampling, total_frames=[info["header_frames"]])
         tokens, embeds = server.video_tokens(qwen_video.probe(str(path)))
         assert (int(est.tokens[0]), int(est.embeds[0])) == (tokens, embeds), (name, path.name, info)
+
+
+def test_audio_estimates_equal_the_stand_in_s_counts(tmp_path):
+    omni = families.by_name("qwen3_omni")
+    server = served.Served("qwen3_omni_moe", {}, 2.0)
+    for samples in (16000, 16000 * 12, 16000 * 7 + 123, 159, 16000 * 61 + 1):
+        path = tmp_path / f"a-{samples}.wav"
+        with wave.open(str(path), "wb") as wav:
+            wav.setnchannels(1)
+            wav.setsampwidth(2)
+            wav.setframerate(16000)
+            wav.writeframes(np.zeros(samples, "<i2").tobytes())
+        assert (int(omni.audio_tokens([samples])[0]), int(omni.audio_embeds([samples])[0])) == \
+            server.audio_tokens(str(path)), samples
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))

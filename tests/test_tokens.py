@@ -16,7 +16,8 @@ def test_approx_text_tokens_counts_utf8_bytes():
     assert out.tolist() == [100 + 19, 19, 19, 9 + 19]
 
 
-@pytest.mark.parametrize("model, overhead", [("Qwen/Qwen2.5-VL-7B-Instruct", 19), ("Qwen/Qwen3-VL-8B-Instruct", 8)])
+@pytest.mark.parametrize("model, overhead", [("Qwen/Qwen2.5-VL-7B-Instruct", 19), ("Qwen/Qwen3-VL-8B-Instruct", 8),
+                                             ("Qwen/Qwen3-Omni-30B-A3B-Instruct", 8)])
 def test_the_chat_template_overhead_is_the_family_s(model, overhead):
     # Rendered from each checkpoint's chat template and counted with its tokenizer: Qwen2.5-VL's adds a
     # default system turn, the Qwen3 families' do not.
