@@ -355,7 +355,8 @@ def test_terminal_records_a_server_could_have_caused_without_evidence_are_sent_a
     records = {r["post_id"]: r for r in iter_records(shard.journal)}
     legacy = {
         "post000": dict(error_kind="server_error", http_status=500, error="No module named 'PyNvVideoCodec' (the same "
-                        "answer on all 4 attempts while the server answered other requests: this request's own failure)"),
+                        "answer on all 4 attempts while the server answered other requests: this request's own "
+                        "failure)"),
         "post001": dict(error_kind="connection", http_status=None, error="Server disconnected; 8 attempts over several "
                         "runs, giving up"),
         "post002": dict(error_kind="bad_media", http_status=500, error="Failed to load video"),

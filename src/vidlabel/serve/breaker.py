@@ -45,9 +45,10 @@ else ``server``, or ``limits`` (above).
 Records: every error record is held until the server answered a request of each of its kinds after it
 (``settle``) and is journaled then; a job that ends without tripping journals the held ones (fewer
 than a run: the requests' own errors, or undecided and so retryable); once tripped no error is
-journaled, so the rerun sends those requests again (an answer still is). Whether a failure may be charged to the request
-(``classify.RERUN_ATTEMPT_FACTOR``, the client's same-5xx rule) is decided on the same evidence:
-only where a server answered requests of its kinds (``Evidence.proven``, ``Evidence.peers``).
+journaled, so the rerun sends those requests again (an answer still is). Whether a failure may be
+charged to the request (``classify.RERUN_ATTEMPT_FACTOR``, the client's same-5xx rule) is decided on
+the same evidence: only where a server answered requests of its kinds (``Evidence.proven``,
+``Evidence.peers``).
 """
 
 from __future__ import annotations
