@@ -179,6 +179,15 @@ def test_the_same_500_on_the_first_request_and_one_more_before_any_answer_trips(
     assert "2 requests" in trip.message and "before any answer" in trip.message
 
 
+def test_before_any_answer_requests_of_different_kinds_failing_alike_trip():
+    b, trips = _breaker()
+    b.attempt("v1", "server_error", 500, "EngineCore died", kinds=VIDEO, server="http://a")
+    b.attempt("p1", "server_error", 500, "EngineCore died", kinds=IMAGE, server="http://a")
+    (trip,) = trips
+    assert "2 requests failed the same way before any answer" in trip.message
+    assert "the server's engine died" in trip.message
+
+
 def test_a_first_request_failing_alone_is_its_own_once_another_is_answered():
     b, trips = _breaker()
     b.attempt("r1", "server_error", 500, "division by zero", kinds=VIDEO)

@@ -75,7 +75,9 @@ FAILURE_RUN = 12
 FIRST_CONTACT_RUN = 2
 MEDIA_KINDS = frozenset({"bad_media", "media_unreachable"})
 TEXT_ONLY = frozenset({"text"})
-KIND_WORDS = {"video": "requests with a video", "image": "requests with an image", "text": "requests without media"}
+ANY_KIND = "any"  # the group of every request, whatever its kinds, before the job's first answer
+KIND_WORDS = {"video": "requests with a video", "image": "requests with an image", "text": "requests without media",
+              ANY_KIND: "requests"}
 LIMIT_KINDS = frozenset({"too_long", "encoder_cache", "too_many_items"})
 
 # The figures in vLLM's refusals (error_kinds.py lists the wordings).
@@ -283,7 +285,7 @@ class Breaker:
             self.evidence.answered(server, kinds)
             if self.tripped:
                 return
-            for key in [k for k in self._groups if k[0] == server and k[1] in kinds]:
+            for key in [k for k in self._groups if k[0] == server and (k[1] in kinds or k[1] == ANY_KIND)]:
                 del self._groups[key]
             for dropped_id, dropped_kinds, dropped_message in self._dropped.pop(server, []):
                 if dropped_id != request_id:  # the server is up: the drop was about that request
@@ -313,7 +315,8 @@ class Breaker:
     def _count(self, request_id: str, kinds: frozenset[str], server: str | None, kind: str,
                http_status: int | None, message: str | None) -> None:
         sig = kind if kind in ("timeout", "connection") else signature(http_status, message)
-        for media_kind in sorted(kinds):
+        # Before any answer at all, requests of different kinds failing alike count together too.
+        for media_kind in sorted(kinds) + ([ANY_KIND] if not self.answers else []):
             group = self._groups.setdefault((server, media_kind, sig), _Group(set(), kind, http_status, message))
             group.requests.add(request_id)
             group.kind, group.http_status, group.message = kind, http_status, message
