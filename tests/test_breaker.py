@@ -154,6 +154,7 @@ def _broken_endpoint(shard, key: str):
 # ---- the breaker's rules -----------------------------------------------------------------------------
 
 PLAN = br.PlannedLimits(context=32768, encoder_cache=32768)
+VIDEO, IMAGE = frozenset({"video"}), frozenset({"image"})
 
 
 class Trips(list):
@@ -178,15 +179,116 @@ def test_the_same_500_on_the_first_request_and_one_more_before_any_answer_trips(
     assert "2 requests" in trip.message and "before any answer" in trip.message
 
 
+def test_before_any_answer_requests_of_different_kinds_failing_alike_trip():
+    b, trips = _breaker()
+    b.attempt("v1", "server_error", 500, "EngineCore died", kinds=VIDEO, server="http://a")
+    b.attempt("p1", "server_error", 500, "EngineCore died", kinds=IMAGE, server="http://a")
+    (trip,) = trips
+    assert "2 requests failed the same way before any answer" in trip.message
+    assert "the server's engine died" in trip.message
+
+
 def test_a_first_request_failing_alone_is_its_own_once_another_is_answered():
     b, trips = _breaker()
-    b.attempt("r1", "server_error", 500, "division by zero")
-    b.attempt("r2", None, 200, None)  # the server answers others
+    b.attempt("r1", "server_error", 500, "division by zero", kinds=VIDEO)
+    b.attempt("r2", None, 200, None, kinds=VIDEO)  # the server answers other videos
     for i in range(3, 3 + br.FAILURE_RUN - 1):
-        b.attempt(f"r{i}", "server_error", 500, "division by zero")
-    assert not trips  # fewer than a run of distinct requests since the last answer
-    b.attempt("r99", "server_error", 500, "division by zero")
-    assert len(trips) == 1 and f"{br.FAILURE_RUN} requests in a row" in trips[0].message
+        b.attempt(f"r{i}", "server_error", 500, "division by zero", kinds=VIDEO)
+        b.attempt(f"p{i}", None, 200, None, kinds=IMAGE)  # photo answers say nothing about the videos
+    assert not trips  # fewer than a run of distinct video requests since the last video answered
+    b.attempt("r99", "server_error", 500, "division by zero", kinds=VIDEO)
+    assert len(trips) == 1 and f"{br.FAILURE_RUN} requests with a video in a row" in trips[0].message
+
+
+def test_a_video_answered_in_between_resets_the_run():
+    b, trips = _breaker()
+    b.attempt("r0", None, 200, None, kinds=VIDEO)
+    for i in range(3 * br.FAILURE_RUN):
+        b.attempt(f"r{i}", "server_error", 500, "division by zero", kinds=VIDEO)
+        if i % (br.FAILURE_RUN - 1) == 0:
+            b.attempt(f"ok{i}", None, 200, None, kinds=VIDEO)
+    assert not trips
+
+
+@pytest.mark.parametrize("order", ["photos first", "interleaved", "videos first"])
+def test_every_video_failing_while_photos_answer_trips_whatever_the_order(order):
+    """A server whose video decoder cannot load answers every photo and fails every video the same way:
+    the second video failing trips, with the server's message, however the post types come."""
+    posts = {"photos first": ["p", "p", "p", "v", "p", "v", "p", "v"], "interleaved": ["p", "v", "p", "v", "p", "v"],
+             "videos first": ["v", "v", "p", "p"]}[order]
+    b, trips = _breaker()
+    for i, post in enumerate(posts):
+        if post == "p":
+            b.attempt(f"p{i}", None, 200, None, kinds=IMAGE, server="http://a")
+        else:
+            for _ in range(3):  # a request's retries are one request
+                b.attempt(f"v{i}", "bad_media", 500, "Failed to load video with backend torchcodec: no decoder",
+                          kinds=VIDEO, server="http://a")
+    (trip,) = trips
+    assert trip.kind == "media" and "Failed to load video with backend torchcodec" in trip.message
+    assert f"{br.FIRST_CONTACT_RUN} requests with a video, none of which the server answered" in trip.message
+
+
+def test_a_carousel_answered_proves_videos_and_photos():
+    b, trips = _breaker()
+    b.attempt("c1", None, 200, None, kinds=frozenset({"image", "video"}))
+    for i in range(br.FAILURE_RUN - 1):
+        b.attempt(f"v{i}", "server_error", 500, "division by zero", kinds=VIDEO)
+    assert not trips  # videos were answered (in the carousel): fewer than a run
+    b.attempt("v99", "server_error", 500, "division by zero", kinds=VIDEO)
+    assert len(trips) == 1
+
+
+def test_the_same_500_on_videos_while_photos_answer_names_what_is_shared():
+    b, trips = _breaker()
+    b.attempt("p1", None, 200, None, kinds=IMAGE, server="http://a")
+    b.attempt("v1", "server_error", 500, "No module named 'PyNvVideoCodec'", kinds=VIDEO, server="http://a")
+    assert not trips
+    b.attempt("v2", "server_error", 500, "No module named 'PyNvVideoCodec'", kinds=VIDEO, server="http://a")
+    (trip,) = trips
+    assert trip.kind == "server" and "2 requests with a video failed the same way on http://a" in trip.message
+    assert "while it answered 1 other requests" in trip.message and "pip install pynvvideocodec" in trip.message
+
+
+def test_failures_are_judged_per_server():
+    """Videos answered on one server prove nothing about another: the one failing every video trips."""
+    b, trips = _breaker()
+    for i in range(5):
+        b.attempt(f"a{i}", None, 200, None, kinds=VIDEO, server="http://a")
+    b.attempt("v1", "server_error", 500, "Internal server error", kinds=VIDEO, server="http://b")
+    assert not trips
+    b.attempt("v2", "server_error", 500, "Internal server error", kinds=VIDEO, server="http://b")
+    assert len(trips) == 1 and "on http://b" in trips[0].message
+
+
+def test_connections_dropped_on_every_video_while_photos_answer_trip():
+    b, trips = _breaker()
+    b.attempt("v1", "connection", None, "http://a: Server disconnected", kinds=VIDEO, server="http://a")
+    b.attempt("v2", "connection", None, "http://a: Server disconnected", kinds=VIDEO, server="http://a")
+    assert not trips  # not yet known whether the server is still up
+    b.attempt("p1", None, 200, None, kinds=IMAGE, server="http://a")  # it is: the drops were about the videos
+    (trip,) = trips
+    assert trip.kind == "server" and "dropped the connection of 2 requests with a video" in trip.message
+
+
+def test_connections_dropped_by_a_server_that_went_away_are_not_counted():
+    b, trips = _breaker()
+    b.attempt("p1", None, 200, None, kinds=IMAGE, server="http://a")
+    for i in range(10):  # the server died: everything in flight dropped, nothing answered after
+        b.attempt(f"v{i}", "connection", None, "http://a: Server disconnected", kinds=VIDEO, server="http://a")
+    b.attempt("r1", "connection", None, "http://a: Cannot connect", charged=False, kinds=VIDEO, server="http://a")
+    b.attempt("p2", None, 200, None, kinds=IMAGE, server="http://b")  # another server answers
+    assert not trips
+
+
+def test_evidence_by_server_and_kind():
+    e = br.Evidence()
+    e.answered("http://a", IMAGE)
+    e.answered("http://a", frozenset({"image", "video"}))
+    assert e.peers("http://a", IMAGE) == 2 and e.peers("http://a", VIDEO) == 1 and e.peers("http://b", IMAGE) == 0
+    assert e.peers("http://a", frozenset({"image", "video"})) == 1
+    assert e.proven(VIDEO) and e.proven(VIDEO, "http://a") and not e.proven(VIDEO, "http://b")
+    assert not e.proven(frozenset({"text"}))
 
 
 def test_busy_and_unreachable_are_not_the_breakers_business():
@@ -240,17 +342,24 @@ def test_a_too_long_post_under_the_planned_limit_is_its_own():
     assert not trips
 
 
-def test_held_records_are_journaled_once_an_answer_shows_the_server_works():
+def test_held_records_are_journaled_once_an_answer_of_their_kind_shows_the_server_works():
     b, _ = _breaker()
     err = {"request_id": "r1", "status": "error", "http_status": 400, "error_kind": "server_error"}
     ok = {"request_id": "r2", "status": "ok", "http_status": 200, "error_kind": None}
-    assert b.settle(err, answered=False) == []
-    assert b.settle(ok, answered=True) == [err, ok]
-    assert b.settle(dict(err, request_id="r3"), answered=False) == []
+    photo = {"request_id": "p1", "status": "ok", "http_status": 200, "error_kind": None}
+    assert b.settle(err, VIDEO, answered=False) == []
+    assert b.settle(photo, IMAGE, answered=True) == [photo]  # a photo answered shows nothing about videos
+    assert b.settle(ok, VIDEO, answered=True) == [err, ok]
+    carousel = dict(err, request_id="c1")
+    assert b.settle(carousel, frozenset({"image", "video"}), answered=False) == []
+    assert b.settle(photo, IMAGE, answered=True) == [photo]
+    assert b.settle(ok, VIDEO, answered=True) == [carousel, ok]  # both its kinds answered since
+    assert b.settle(dict(err, request_id="r3"), VIDEO, answered=False) == []
     assert b.release() == [dict(err, request_id="r3")]  # the job ended without a trip: the request's own
-    b.settle(dict(err, request_id="r4"), answered=False)
+    b.settle(dict(err, request_id="r4"), VIDEO, answered=False)
     b.trip(br.Trip("server", "broken"))
-    assert b.settle(ok, answered=True) == [] and b.release() == []  # nothing journaled after a trip
+    assert b.settle(dict(err, request_id="r5"), VIDEO, answered=False) == [] and b.release() == []
+    assert b.settle(ok, VIDEO, answered=True) == [ok]  # an answer that finished as the job stopped is kept
 
 
 @pytest.mark.parametrize("message, cause", [

@@ -36,7 +36,7 @@ def sends(shard) -> list[dict]:
     (408, "Request Timeout", None, ("timeout", True)),
     # A file the message names that is not the request's media: the server's own trouble.
     (500, "[Errno 2] No such file or directory: '/dev/shm/psm_1234'", "/data/x.mp4", ("server_error", True)),
-    (500, "[Errno 2] No such file or directory: '/data/x.mp4'", "/data/x.mp4", ("bad_media", False)),
+    (500, "[Errno 2] No such file or directory: '/data/x.mp4'", "/data/x.mp4", ("bad_media", True)),
     (400, "The decoder prompt (length 40123) is longer than the maximum model length of 32768. Make sure "
           "that `max_model_len` is no smaller than the number of text tokens plus multimodal tokens.", None,
      ("too_long", False)),
@@ -342,3 +342,38 @@ def test_merge_refuses_labels_of_two_models(tmp_path):
     with pytest.raises(merge.MergeError, match="more than one model or question set"):
         merge.merge(_config(), tmp_path / "inv.parquet", tmp_path / "excluded.parquet",
                     [tmp_path / "shard-0.parquet"], tmp_path / "labels.parquet")
+
+
+def test_terminal_records_a_server_could_have_caused_without_evidence_are_sent_again(make_shard):
+    """A journal from before this rule: a broken server's failures recorded as the posts' own (the same
+    500 on every attempt while it answered other kinds, a dropped connection over two runs), so the shard
+    looked complete and no server was started for it. Without the evidence they are not terminal: the
+    next job starts a server and the fixed one answers them. A refusal (4xx) and a failure judged on
+    evidence stay as they are."""
+    shard = make_shard(6)
+    shard.run(shard.config())
+    records = {r["post_id"]: r for r in iter_records(shard.journal)}
+    legacy = {
+        "post000": dict(error_kind="server_error", http_status=500, error="No module named 'PyNvVideoCodec' (the same "
+                        "answer on all 4 attempts while the server answered other requests: this request's own "
+                        "failure)"),
+        "post001": dict(error_kind="connection", http_status=None, error="Server disconnected; 8 attempts over several "
+                        "runs, giving up"),
+        "post002": dict(error_kind="bad_media", http_status=500, error="Failed to load video"),
+        "post003": dict(error_kind="bad_media", http_status=400, error="Could not open video stream"),
+        "post004": dict(error_kind="server_error", http_status=500, error="division by zero (the same answer on all 4 "
+                        "attempts while the server answered other requests of its media kinds: this request's own "
+                        "failure)", own_failure=True),
+    }
+    shard.journal.write_text("".join(
+        json.dumps(dict(rec, status="error", answers=None, raw_text=None, retryable=False, **legacy[pid])
+                   if pid in legacy else rec) + "\n" for pid, rec in records.items()))
+    shard.labels.unlink()
+    before = len(sends(shard))
+    shard.run(shard.config())
+    again = {e["request_id"] for e in sends(shard)[before:]}
+    assert again == {shard.rid(p) for p in ("post000", "post001", "post002")}
+    labels = shard.labels_by_post()
+    assert {p: labels[p]["status"] for p in ("post000", "post001", "post002", "post005")} == dict.fromkeys(
+        ("post000", "post001", "post002", "post005"), "ok")
+    assert (labels["post003"]["status"], labels["post004"]["status"]) == ("error", "error")

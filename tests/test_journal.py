@@ -1,4 +1,4 @@
-"""The resume journal: torn tails, dedupe, the single-writer lock."""
+"""The resume journal: torn tails, dedupe, the newest record over several journals, the single-writer lock."""
 
 import json
 import multiprocessing
@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from vidlabel.core.journal import Journal, JournalLocked, iter_records, read_latest
+from vidlabel.core.journal import Journal, JournalLocked, iter_records, newest, read_latest
 
 
 def test_append_and_read_back(tmp_path):
@@ -83,19 +83,55 @@ def test_fsync_policy_validated(tmp_path):
 def test_record_policy_fsyncs_every_append(tmp_path, monkeypatch):
     calls = []
     real_fsync = os.fsync
-    monkeypatch.setattr(os, "fsync", lambda fd: calls.append(fd) or real_fsync(fd))
-    with Journal(tmp_path / "a.jsonl", key="k", fsync="record") as journal:
+    monkeypatch.setattr(os, "fsync", lambda fd: calls.append(os.readlink(f"/proc/self/fd/{fd}")) or real_fsync(fd))
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    with Journal(a, key="k", fsync="record") as journal:
         for i in range(5):
             journal.append({"k": i})
-        per_record = len(calls)
+        per_record = calls.count(str(a))
     calls.clear()
-    with Journal(tmp_path / "b.jsonl", key="k", fsync="batch", fsync_interval_s=3600) as journal:
+    with Journal(b, key="k", fsync="batch", fsync_interval_s=3600) as journal:
         journal.append({"k": 0})
         for i in range(1, 5):
             journal.append({"k": i})
-        batched = len(calls)
+        batched = calls.count(str(b))
     assert per_record == 5
     assert batched == 1  # the first append syncs, the rest wait for the interval (and close)
+    assert calls.count(str(tmp_path)) == 1  # a new journal's folder, once: its name survives a crash
+    calls.clear()
+    with Journal(b, key="k") as journal:  # reopened: its name is on disk already
+        journal.append({"k": 5})
+    assert calls == [str(b), str(b)]  # the append, and the close
+
+
+def test_newest_record_wins_whatever_the_journals_are_called(tmp_path):
+    """A classify job reads every shard's journal: each request's newest record (by the time it was
+    made) stands for it, not the one of the first journal by name ('shard-10' sorts before 'shard-2')
+    nor the job's own."""
+    ten, two, own = tmp_path / "shard-10.jsonl", tmp_path / "shard-2.jsonl", tmp_path / "shard-0.jsonl"
+    for path, records in [
+        (ten, [{"request_id": "a", "finished_at": 1.0, "v": "old"},
+               {"request_id": "b", "finished_at": 5.0, "v": "new"}]),
+        (two, [{"request_id": "a", "finished_at": 3.0, "v": "new"},
+               {"request_id": "b", "finished_at": 2.0, "v": "old"}]),
+        (own, [{"request_id": "a", "finished_at": 2.0, "v": "mid"}, {"request_id": "c", "finished_at": None, "v": "x"},
+               {"request_id": "c", "finished_at": None, "v": "rewritten"}]),
+    ]:
+        with Journal(path, key="request_id") as j:
+            for rec in records:
+                j.append(rec)
+    for order in ([own, ten, two], [two, ten, own], [ten, own, two]):
+        found = newest(order, "request_id")
+        assert {k: (rec["v"], path.name) for k, (rec, path) in found.items()} == {
+            "a": ("new", "shard-2.jsonl"), "b": ("new", "shard-10.jsonl"), "c": ("rewritten", "shard-0.jsonl")}
+    # A copy (the same time) in the job's own journal wins the tie when its journal comes first.
+    with Journal(own, key="request_id") as j:
+        j.append({"request_id": "a", "finished_at": 3.0, "v": "copy"})
+    assert newest([own, ten, two], "request_id")["a"][0]["v"] == "copy"
+    assert newest([two, own, ten], "request_id")["a"][0]["v"] == "new"
+    # Only the wanted keys, and only the records ``accept`` takes (another fingerprint's are not candidates).
+    found = newest([own, ten, two], "request_id", {"a"}, accept=lambda rec: rec["v"] != "copy")
+    assert {k: rec["v"] for k, (rec, _) in found.items()} == {"a": "new"}
 
 
 def test_iter_records_skips_unwanted_keys_before_parsing(tmp_path):

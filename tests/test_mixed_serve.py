@@ -290,7 +290,7 @@ def test_the_item_an_error_names():
     from vidlabel.serve.error_kinds import classify_error
 
     assert classify_error(500, "[Errno 2] No such file or directory: '/m/d.jpg'", ["/m/a b.jpg", "/m/d.jpg"]) == \
-        ("bad_media", False)
+        ("bad_media", True)  # the client's media check decides: missing here too, or the server's
     assert classify_error(500, "[Errno 2] No such file or directory: '/dev/shm/x'", ["/m/d.jpg"])[0] == "server_error"
     assert classify_error(400, "At most 2 image(s) may be provided in one prompt.") == ("too_many_items", False)
 

@@ -91,8 +91,11 @@ EDITED_QUESTIONS = [dict(QUESTIONS[0], text="Is a product advertised?"), QUESTIO
     ({"transcribe": {"beam_size": 2}}, {"transcribe": 2, "transcode": 1, "manifest": 1, **FROM_CLASSIFY}),
     ({"classify": {"server_args": "--enforce-eager"}}, FROM_CLASSIFY),
     ({"stats": {"confidence": 0.9}}, {"aggregate": 1, "all": 1}),
+    # The shard count re-deals the posts: the manifest writes other shards (lowered, the old files would
+    # stay); each classify job then sends only what no journal answered (test_resume_shards.py).
+    ({"classify": {"shards": 2}}, {"manifest": 1, "classify": 2, "merge": 1, "aggregate": 1, "all": 1}),
 ], ids=["nothing", "operational", "question-text", "model", "planning", "transcription", "server-args",
-        "aggregate-only"])
+        "aggregate-only", "fewer-shards"])
 def test_an_edit_reruns_exactly_the_stages_it_touches(study, edit, expected):
     workdir, demo_root = study
     overlay(workdir, demo_root, **edit)

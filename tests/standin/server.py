@@ -45,7 +45,10 @@ Faults (for the fault-matrix tests): ``--storm-503 START:COUNT``, ``--random-503
 ``--reset-on WORD[:TIMES]``, ``--reset-rate P``, ``--crash-after N``, ``--never-healthy``,
 ``--hang-on WORD[:TIMES]``, ``--hang-rate P``, ``--invalid-json-on WORD``, ``--verbose-on WORD=TOKENS``,
 ``--slow-start S``, ``--fail-all-with STATUS:MESSAGE`` (every chat request, the text-only smoke request
-included: a server broken past its start), ``--refuse-running-ids`` (vLLM V1 before request ids were
+included: a server broken past its start), ``--fail-video STATUS:MESSAGE`` (every request with a video,
+while photos and text are answered: a video decoder that fails the posts' videos), ``--drop-video``
+(the connection of every request with a video closed mid-answer, while the others are answered),
+``--refuse-running-ids`` (vLLM V1 before request ids were
 randomised: a second request with the X-Request-Id of one still running gets 400 "Request id chatcmpl-<id>
 already running."). A ``--media-io-kwargs`` video ``backend`` whose module this Python cannot import
 (``pynvvideocodec``, ``torchcodec``) answers every video request 500 "No module named '<module>'", as vLLM
@@ -161,6 +164,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="the answer to prompts containing WORD needs TOKENS output tokens")
     p.add_argument("--fail-all-with", default=None, metavar="STATUS:MESSAGE",
                    help="every chat request, the smoke request included, answers STATUS with MESSAGE")
+    p.add_argument("--fail-video", default=None, metavar="STATUS:MESSAGE",
+                   help="every request with a video answers STATUS with MESSAGE once its videos are loaded; "
+                        "photos and text are answered")
+    p.add_argument("--drop-video", action="store_true",
+                   help="the connection of every request with a video is closed mid-answer; the others are answered")
     p.add_argument("--refuse-running-ids", action="store_true",
                    help="400 'Request id ... already running.' for an X-Request-Id still running (vLLM V1 "
                         "before request ids were randomised)")
@@ -629,6 +637,9 @@ class StandIn:
             return self._error(rid, 400, f"This model's maximum context length is {args.max_model_len} tokens. "
                                f"However, your prompt contains at least {prompt_tokens} input tokens.",
                                "BadRequestError")
+        if faults and args.fail_video and any(kind == "video" for kind, _ in media):
+            status_text, _, message = args.fail_video.partition(":")
+            return self._error(rid, int(status_text), message, "InternalServerError")
         for spec in args.error_on if faults else ():
             word, _, rest = spec.partition("=")
             status_text, _, message = rest.partition(":")
@@ -688,7 +699,8 @@ class StandIn:
         }
         data = json.dumps(payload).encode()
         reset = faults and (self._match(self.reset_on, prompt_lower, attempt) or (
-            args.reset_rate and self.rng.random() < args.reset_rate))
+            args.reset_rate and self.rng.random() < args.reset_rate) or (
+            args.drop_video and any(kind == "video" for kind, _ in media)))
         if reset:
             resp = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
             resp.content_length = len(data)

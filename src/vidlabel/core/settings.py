@@ -6,7 +6,7 @@ Every stage declares here the config keys it reads, in two groups:
   Their fingerprint is the rule's Snakemake ``params``, so editing one reruns that stage, and every
   stage downstream through its inputs; ``snakemake -n`` names the reason ("params changed").
 - ``operational``: keys that change how fast or how robustly the stage runs, never what it writes
-  (threads, timeouts, concurrency, the number of shards). Editing one reruns nothing finished.
+  (threads, timeouts, concurrency). Editing one reruns nothing finished.
 
 A stage is handed only ``stage_config(config, stage)``: a frozen copy holding just its declared
 keys. Reading any other key raises ``UndeclaredSetting``, so a setting a stage uses but does not
@@ -66,8 +66,9 @@ STAGES: dict[str, StageKeys] = {
         operational=("transcribe.chunks", "transcribe.threads")),
     "transcode": StageKeys(results=_PLANNING + _PROMPT + ("media_root",),
                            operational=("planning.transcode.chunks",)),
-    "manifest": StageKeys(results=_PLANNING + _PROMPT + ("media_root", "transcribe.on_error"),
-                          operational=("classify.shards", "classify.concurrency", "planning.concurrent_jobs")),
+    # The shard count decides which files the manifest writes (lowering it must rewrite them).
+    "manifest": StageKeys(results=_PLANNING + _PROMPT + ("media_root", "transcribe.on_error", "classify.shards"),
+                          operational=("classify.concurrency", "planning.concurrent_jobs")),
     "classify": StageKeys(results=_PLANNING + _PROMPT + _SERVER, operational=_CLIENT + _LAYOUT),
     "estimate": StageKeys(results=_PLANNING + _PROMPT + _SERVER + ("planning.pilot_size", "cost"),
                           operational=_CLIENT + _LAYOUT + ("planning.concurrent_jobs",)),

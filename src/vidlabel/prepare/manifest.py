@@ -194,7 +194,8 @@ def build(config: dict, inventory_path, transcript_paths, transcode_paths, shard
     plan = planning.plan_posts(config, num["duration_s"], num["fps"], num["width"], num["height"], text_tokens,
                                formats=planning.formats_from_table(ok))
     action = plan.action
-    unread = Counter(re.sub(r"\d+(\.\d+)?", "N", str(p)) for p in plan.plan if str(p).startswith("transcode to"))
+    unread = Counter(re.sub(r"(?:(?<![A-Za-z\d.])|(?<=\dx))\d+(?:\.\d+)?", "N", str(p))  # not h264's or vp9's digits
+                     for p in plan.plan if str(p).startswith("transcode to"))
     for why, count in unread.most_common():
         log.info("manifest: %d post(s) planned for the transcode: %s", count, why)
     plan_str = plan.plan.copy()

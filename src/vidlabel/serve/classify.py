@@ -10,16 +10,17 @@ none. A transient error (timeout, 503, 5xx, connection) that used up its attempt
 tried again by the next run; once its attempts over all runs reach ``RERUN_ATTEMPT_FACTOR *
 max_attempts`` the record becomes terminal, so a request that always fails ends as a clear record.
 
-A failure shared by many requests is the server's, not theirs (``vidlabel.serve.breaker``): until the
-job's first answer requests go one at a time (the first is the media check, after the calibration
-videos, which usually show a server that cannot read the job's media before any post is sent); the
-same 5xx on two of them, a server that cannot see the job's media, a run of the same error with no
-answer in between, or a refusal that shows the server's limits below the plan's stops the job once
-with the server's message and the probable cause (ServerFailing, MediaUnreachable, ServerBelowPlan),
-and journals nothing terminal for those requests. Attempts made while nothing of the job was answered
-are not charged to the requests; where a request's failure would otherwise stay undecided because
-nothing else is left to send, one answered request of the shard is sent again as a control (not
-journaled).
+A failure shared by many requests is the server's, not theirs (``vidlabel.serve.breaker``: failures are
+compared by error, server and media kind): until the job's first answer requests go one at a time (the
+first is the media check, after the calibration videos, which usually show a server that cannot read
+the job's media before any post is sent); the same error on two requests of a media kind the server
+has answered none of (every video failing while photos answer, in whatever order they come), a server
+that cannot see the job's media, a run of the same error with no answer of that kind in between, or a
+refusal that shows the server's limits below the plan's stops the job once with the server's message
+and the probable cause (ServerFailing, MediaUnreachable, ServerBelowPlan), and journals nothing
+terminal for those requests. Attempts made while no request of the same media kinds was answered are
+not charged to the requests; where a request's failure would otherwise stay undecided, an answered
+request of the shard with the same media kinds is sent again as a control (not journaled).
 
 The job fails (raises) when no server is left (every own server copy exited, or every endpoint failed
 its health checks: ``vidlabel.serve.endpoints``; while one is left, traffic moves to it), on SIGTERM/SIGINT
@@ -43,11 +44,11 @@ import pyarrow.parquet as pq
 from vidlabel.core import identity
 from vidlabel.core.io import write_parquet
 from vidlabel.core.journal import Journal, JournalLocked
-from vidlabel.serve.breaker import Breaker, PlannedLimits, Trip, probable_media_cause
+from vidlabel.serve.breaker import Breaker, PlannedLimits, Trip, probable_media_cause, request_kinds
 from vidlabel.serve.calibration import calibration
 from vidlabel.serve.client import ClassifyClient, ClientSettings, Stopped, run
 from vidlabel.serve.command import server_copies
-from vidlabel.serve.endpoints import DOWN, NoLiveEndpoint, external_endpoints
+from vidlabel.serve.endpoints import DOWN, UP, NoLiveEndpoint, external_endpoints
 from vidlabel.serve.error_kinds import FatalClientError
 from vidlabel.serve.items import identities, job_limits, post_items, sent_items
 from vidlabel.serve.parallelism import choose_layout
@@ -262,7 +263,7 @@ async def _classify(settings: ServeSettings, provenance: Provenance, rows: list[
                         lambda index, message: client.endpoints.mark_down(index, message, final=True)))
                 progress.in_flight = lambda: client.deadlines.in_flight
                 await _stream(client, pending, journal, prior, client_settings, provenance, progress, stop_sending,
-                              abort, why, grace_s, breaker, control_row(rows, reused, pending))
+                              abort, why, grace_s, breaker, controls(rows, reused, pending))
         except CalibrationMediaError as exc:
             raise MediaUnreachable(f"shard {shard}: {exc} — probable cause: "
                                    f"{probable_media_cause(exc.message)}. Nothing was sent; fix it "
@@ -291,46 +292,55 @@ async def _classify(settings: ServeSettings, provenance: Provenance, rows: list[
                              f"this run and are journaled; rerun to continue")
 
 
-def control_row(rows: list[dict], reused: dict[str, dict], pending: list[dict]) -> dict | None:
-    """An answered request of the shard, the cheapest, to send again when only a control can tell whether
-    the server answers at all (its answer is not journaled); None when the shard has none."""
+def controls(rows: list[dict], reused: dict[str, dict], pending: list[dict]) -> dict[frozenset[str], dict]:
+    """Per set of media kinds, an answered request of the shard sending them, the cheapest: sent again when
+    only a control can tell whether the server answers such requests at all (its answer is not
+    journaled). A kind set the shard has no answered request of is missing."""
     pending_ids = {r["request_id"] for r in pending}
-    answered = [r for r in rows if (reused.get(r["request_id"]) or {}).get("status") == "ok"
-                and r["request_id"] not in pending_ids]
-    if not answered:
-        return None
-    row = min(answered, key=lambda r: int(r["est_prompt_tokens"] or 0))
-    return dict(row, request_id=f"control-{row['request_id']}")
+    out: dict[frozenset[str], dict] = {}
+    for row in sorted(rows, key=lambda r: int(r["est_prompt_tokens"] or 0)):
+        if (reused.get(row["request_id"]) or {}).get("status") == "ok" and row["request_id"] not in pending_ids:
+            out.setdefault(request_kinds(row["items"]), dict(row, request_id=f"control-{row['request_id']}"))
+    return out
+
+
+def control_for(controls: dict[frozenset[str], dict], kinds: frozenset[str]) -> dict | None:
+    """The cheapest control that sends every kind of ``kinds`` (the one with the fewest other kinds)."""
+    fits = [k for k in controls if kinds <= k]
+    return controls[min(fits, key=len)] if fits else None
 
 
 async def _stream(client: ClassifyClient, pending: list[dict], journal: Journal, prior: dict,
                   settings: ClientSettings, provenance: Provenance, progress: Progress,
                   stop_sending: asyncio.Event, abort: asyncio.Event, why: dict, grace_s: float,
-                  breaker: Breaker, control: dict | None = None) -> None:
+                  breaker: Breaker, control_rows: dict[frozenset[str], dict] | None = None) -> None:
     rerun_limit = RERUN_ATTEMPT_FACTOR * settings.max_attempts
     in_flight: set[str] = set()
-    control_task: asyncio.Task | None = None
+    control_tasks: dict[str, asyncio.Task] = {}  # control request id -> its task, once per job
 
     def journal_records(records: list[dict]) -> None:
         for rec in records:
             journal.append(rec.journal())
             progress.finished(rec)
 
-    def finish(rec: dict, row: dict) -> None:
-        if breaker.tripped:
-            return  # journal nothing for the requests of a failing server: the rerun sends them again
+    def finish(rec: dict, row: dict, kinds: frozenset[str]) -> None:
+        if breaker.tripped and rec["http_status"] != 200:
+            return  # no error of a failing server's requests is journaled: the rerun sends them again
         before = prior.get(rec["request_id"])
-        if rec["retryable"] and not breaker.answered_any:
-            rec["attempts"] = 0  # the server answered nothing: its failures are not charged to the request
+        # Answers to requests of other media kinds prove nothing about this one (a server that cannot
+        # decode videos answers every photo): its failures count only where requests like it were answered.
+        proven = breaker.evidence.proven(kinds)
+        if rec["retryable"] and not proven:
+            rec["attempts"] = 0
         if before:
             rec["attempts"] += int(before.get("attempts") or 0)
             rec["sends"] += int(before.get("sends") or 0)
-        if (rec["retryable"] and breaker.answered_any and rec["attempts"] >= rerun_limit
+        if (rec["retryable"] and proven and rec["attempts"] >= rerun_limit
                 and rec["error_kind"] != "media_unreachable"):
-            rec["retryable"] = False
+            rec["retryable"], rec["own_failure"] = False, True
             rec["error"] = f"{rec['error']}; {rec['attempts']} attempts over several runs, giving up"
         rec = provenance.record(rec, row)  # frozen from here on, stamped with what made it
-        journal_records(breaker.settle(rec, answered=rec["http_status"] == 200))
+        journal_records(breaker.settle(rec, kinds, answered=rec["http_status"] == 200))
 
     async def send(row: dict) -> dict | None:
         in_flight.add(row["request_id"])  # before the first await: see Breaker.turn
@@ -348,22 +358,23 @@ async def _stream(client: ClassifyClient, pending: list[dict], journal: Journal,
             in_flight.discard(row["request_id"])
             breaker.wake()
 
-    async def controlled() -> None:
-        """Once per job: whether the server answers at all, from a request it answered before."""
-        nonlocal control_task
-        if control_task is None:
-            log.info("shard %d: nothing answered yet; sending the answered request %s again as a control",
-                     progress.shard, control["post_id"])
-            control_task = asyncio.ensure_future(send(control))
-        await asyncio.shield(control_task)
+    async def controlled(control: dict) -> None:
+        """Once per job and control: whether the server answers requests like it, from one it answered before."""
+        if control["request_id"] not in control_tasks:
+            log.info("shard %d: no %s answered yet; sending the answered request %s again as a control",
+                     progress.shard, " / ".join(sorted(request_kinds(control["items"]))), control["post_id"])
+            control_tasks[control["request_id"]] = asyncio.ensure_future(send(control))
+        await asyncio.shield(control_tasks[control["request_id"]])
 
     async def one(row: dict) -> bool:
         rec = await send(row)
         if rec is None:
             return False
-        if rec["retryable"] and not breaker.answered_any and control is not None:
-            await controlled()  # whether this failure is the request's own decides its attempts
-        finish(rec, row)
+        kinds = request_kinds(row["items"])
+        control = control_for(control_rows or {}, kinds)
+        if rec["retryable"] and not breaker.evidence.proven(kinds) and control is not None:
+            await controlled(control)  # whether this failure is the request's own decides its attempts
+        finish(rec, row, kinds)
         return True
 
     rows = iter(pending)
@@ -401,10 +412,12 @@ async def _stream(client: ClassifyClient, pending: list[dict], journal: Journal,
             for w in workers:
                 w.cancel()
     finally:
-        tasks = [stopper, reporter, all_done, *workers, *([control_task] if control_task else [])]
+        tasks = [stopper, reporter, all_done, *workers, *control_tasks.values()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        # Connections dropped by a server that is still up were about their requests (a drop of every video).
+        breaker.confirm_drops(ep.base_url for ep in client.endpoints.all if ep.state == UP)
         journal_records(breaker.release())  # no trip: fewer than a run, the requests' own errors
     for w in workers:  # a worker's own failure (a bug) must not pass silently
         if not w.cancelled() and w.exception() is not None:

@@ -16,11 +16,14 @@ the server's sake (the stall detector, an endpoint going down, a refused connect
 fault never turns requests into terminal ``timeout`` records. Every send carries its own
 ``X-Request-Id`` (request id, the client's random token, send number): vLLM V1 before 0.26 refused an
 id still running (a retry racing the abort of its previous attempt; two ``classify.models`` entries of
-one model on one server). A 5xx that comes back with the same body on every charged attempt while the
-server answers other requests is the request's own (a 1-frame video's "division by zero"): its record
-is terminal, since no rerun could ever finish it. "No such file" for a file missing here too is looked
-for again after the MEDIA_RECHECK_S pauses (an NFS or autofs hiccup): one that is back is sent again,
-free. Every attempt is reported to the job's breaker (``vidlabel.serve.breaker``).
+one model on one server). A 5xx is never terminal by its message alone (``error_kinds``): one that
+comes back with the same body on every charged attempt while the server answers the request's peers
+(requests with the same media kinds, ``vidlabel.serve.breaker.Evidence``) is the request's own (a
+1-frame video's "division by zero", an MP4 cut after its header): its record is terminal, since no
+rerun could ever finish it. Answers to other kinds prove nothing about it: a server whose video decoder
+cannot load answers every photo. "No such file" for a file missing here too is looked for again after
+the MEDIA_RECHECK_S pauses (an NFS or autofs hiccup): one that is back is sent again, free. Every
+attempt is reported to the job's breaker (``vidlabel.serve.breaker``), which keeps the evidence.
 
 A request is the post's items in order, each introduced by its label, then the prompt
 (``vidlabel.prepare.post_prompt.message_content`` of the row's items, ``vidlabel.serve.items``): images
@@ -48,6 +51,7 @@ import aiohttp
 
 from vidlabel.prepare.post_prompt import message_content
 from vidlabel.prepare.prompt import parse_answers
+from vidlabel.serve.breaker import Breaker, request_kinds
 from vidlabel.serve.concurrency import adapt
 from vidlabel.serve.confidence import answer_probabilities
 from vidlabel.serve.deadline import Deadlines, Expired
@@ -78,6 +82,8 @@ KEEPALIVE_S = 4.0
 # Pauses before looking again for a file that the server and this job both found missing: an NFS or
 # autofs mount can take seconds to come back.
 MEDIA_RECHECK_S = (1.0, 3.0)
+# 5xx kinds that, the same on every attempt while the request's peers are answered, are its own failure.
+SAME_FAILURE_KINDS = frozenset({"server_error", "bad_media"})
 # Error kinds that are about one item of the post, when the server's message tells which.
 ITEM_KINDS = frozenset({"bad_media", "media_unreachable", "encoder_cache"})
 
@@ -101,6 +107,7 @@ class _Outcome:
     charged: bool = True  # the request's own failure (not the server's: see the module docstring)
     endpoint: Endpoint | None = None
     resend: bool = False  # its media file was missing here too for a moment and is back: send again, free
+    own: bool = False  # a 5xx shown to be the request's own here (its file is missing here too)
     item: int | None = None  # the index of the item the error is about (items.named_item)
 
 
@@ -109,14 +116,14 @@ class ClassifyClient:
 
     ``stop_event`` set: requests stop (Stopped). When every endpoint is down the client sets it,
     keeps the reason in ``failure`` and calls ``on_failure(reason)``. ``breaker`` (a
-    ``vidlabel.serve.breaker.Breaker``) hears of every attempt.
+    ``vidlabel.serve.breaker.Breaker``; by default one that only keeps the evidence) hears of every attempt.
     """
 
     def __init__(self, endpoints: list[tuple[str, str]], settings: ClientSettings,
                  stop_event: asyncio.Event | None = None, on_failure: Callable[[str], None] | None = None,
-                 owned: bool = False, breaker=None, calibration: Calibration | None = None):
+                 owned: bool = False, breaker: Breaker | None = None, calibration: Calibration | None = None):
         s = self.settings = settings
-        self.breaker = breaker
+        self.breaker = breaker if breaker is not None else Breaker()
         self.token = secrets.token_hex(4)  # makes this client's X-Request-Ids its own
         self.calibration = calibration  # the calibration videos each endpoint's identity is probed with
         self.stop_event = stop_event or asyncio.Event()
@@ -133,7 +140,6 @@ class ClassifyClient:
         self._tasks: list[asyncio.Task] = []
         # The parts of the body that are the same for every request, encoded once.
         self._body_head = _dumps(s.request_settings())[:-1]
-        self.answered = 0  # 200 answers so far: evidence that the server works while a request fails
 
     async def __aenter__(self) -> "ClassifyClient":
         connector = aiohttp.TCPConnector(limit=self._connections, keepalive_timeout=KEEPALIVE_S)
@@ -227,7 +233,7 @@ class ClassifyClient:
             return _Outcome(kind="connection", transient=True, message=f"{ep.base_url}: {describe(exc)}",
                             charged=False, endpoint=ep)
         except aiohttp.ClientError as exc:  # reset, closed mid-answer, truncated body
-            return _Outcome(kind="connection", transient=True, message=f"{ep.base_url}: {describe(exc)}")
+            return _Outcome(kind="connection", transient=True, message=f"{ep.base_url}: {describe(exc)}", endpoint=ep)
         finally:
             ep.outstanding -= 1
             self.limit.returned(n)
@@ -243,12 +249,12 @@ class ClassifyClient:
             if kind == "bad_media" and server_cannot_see_media(message):
                 kind, transient, resend, item = await self._media_check(items, item)
             overload = kind == "server_overloaded" and self.limit.refused(n)
-            return _Outcome(kind=kind, transient=transient, http_status=status, message=message,
+            own = kind == "bad_media" and not transient and status >= 500  # missing here too: the media check
+            return _Outcome(kind=kind, transient=transient, http_status=status, message=message, own=own,
                             retry_after=retry_after_s(resp.headers), overload=overload,
                             charged=kind != "media_unreachable" and not resend, endpoint=ep, resend=resend,
                             item=None if item is None else item.get("index"))
         self.limit.answered(n)
-        self.answered += 1
         self.deadlines.answered(time.monotonic() - t0, tokens)
         try:
             completion = json.loads(data)
@@ -276,22 +282,24 @@ class ClassifyClient:
         tokens = int(row.get("est_prompt_tokens") or 0) + s.max_tokens
         charged = free = 0
         last_kind = None
-        same_failure: list[tuple[int | None, str | None, int]] = []  # (status, body, answers seen before)
+        kinds = request_kinds(post_items(row))
+        evidence = self.breaker.evidence
+        same_failure: list[_Failure] = []  # the run of identical 5xx answers, with the peers answered by then
         while True:
             self._check_stop()
             t0 = time.time()
             if rec["started_at"] is None:
                 rec["started_at"] = t0
             rec["sends"] += 1
-            answered_before = self.answered
             outcome = await self._attempt(row, max_tokens, tokens, rec["sends"])
             rec["finished_at"] = time.time()
             rec["latency_s"] = rec["finished_at"] - t0
+            server = None
             if outcome.endpoint is not None:
                 rec["server"] = outcome.endpoint.identity
-            if self.breaker is not None:
-                self.breaker.attempt(row["request_id"], outcome.kind, outcome.http_status, outcome.message,
-                                     outcome.charged)
+                server = outcome.endpoint.base_url
+            self.breaker.attempt(row["request_id"], outcome.kind, outcome.http_status, outcome.message,
+                                 outcome.charged, kinds=kinds, server=server)
             if outcome.completion is not None:
                 rec["attempts"] = charged + 1
                 if fill_from_answer(rec, outcome.completion, s.questions, max_tokens) or max_tokens > s.max_tokens:
@@ -303,6 +311,7 @@ class ClassifyClient:
                        answer_probs_missing=None, finish_reason=None)
             if not outcome.transient:
                 rec["attempts"] = charged + 1
+                rec["own_failure"] = outcome.own
                 return rec
             if outcome.kind == "media_unreachable":  # the job decides (the breaker): not retried here
                 rec["retryable"] = True
@@ -323,11 +332,13 @@ class ClassifyClient:
             else:
                 free += 1
             rec["attempts"] = charged
-            same = _same_failure_run(same_failure, outcome, answered_before)
+            same = _same_failure_run(same_failure, outcome, server, evidence.peers(server, kinds))
             if charged >= s.max_attempts:
-                if same == charged and self.answered > same_failure[0][2]:
+                if same == charged and any(evidence.peers(f.server, kinds) > f.peers for f in same_failure):
+                    rec["retryable"], rec["own_failure"] = False, True
                     rec["error"] = (f"{outcome.message} (the same answer on all {charged} attempts while the "
-                                    "server answered other requests: this request's own failure)")
+                                    "server answered other requests of its media kinds: this request's own "
+                                    "failure)")
                     return rec
                 rec["retryable"] = True
                 rec["error"] = f"{outcome.message} (gave up after {charged} attempts)"
@@ -345,15 +356,25 @@ class ClassifyClient:
         self._check_stop()
 
 
-def _same_failure_run(history: list, outcome: _Outcome, answered_before: int) -> int:
-    """Track the run of identical 5xx answers (status and body) of one request; its length."""
-    if not outcome.charged or outcome.kind != "server_error" or (outcome.http_status or 0) < 500:
+@dataclass(frozen=True)
+class _Failure:
+    """One attempt of a request's run of identical 5xx answers."""
+    http_status: int | None
+    message: str | None
+    server: str | None
+    peers: int  # requests of its media kinds the server had answered by then (breaker.Evidence.peers)
+
+
+def _same_failure_run(history: list[_Failure], outcome: _Outcome, server: str | None, peers: int) -> int:
+    """Track the run of identical 5xx answers (status and body) of one request; its length. Not "busy"
+    (503) nor a gateway's timeout (504): those say "not now"."""
+    if (not outcome.charged or outcome.kind not in SAME_FAILURE_KINDS or not outcome.transient
+            or (outcome.http_status or 0) < 500):
         history.clear()
         return 0
-    key = (outcome.http_status, outcome.message)
-    if history and history[-1][:2] != key:
+    if history and (history[-1].http_status, history[-1].message) != (outcome.http_status, outcome.message):
         history.clear()
-    history.append((*key, answered_before))
+    history.append(_Failure(outcome.http_status, outcome.message, server, peers))
     return len(history)
 
 

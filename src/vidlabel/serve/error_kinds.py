@@ -1,22 +1,32 @@
 """What an error answer means: its ``error_kind`` (docs/outputs.md) and whether a retry may help.
 
-Errors are classified by HTTP status *and* message, because vLLM answers some permanent problems
-with a 5xx: a missing media file is a 500 "[Errno 2] No such file or directory", an MP4 cut after
-its header a 500 "Expected there to be 1 prompt placeholders corresponding to 1 video items, but
-instead found 0 ...". A refused API key is neither: every request would hit it, so the job stops.
+The HTTP status decides whether an error may be the request's own, the message only what kind it is:
 
-The order matters. 408, 429, 503 and 504 say "not now" whatever their text (a 429 "too many tokens
-per minute" is a rate limit, not a long prompt; a 503 "Failed to open ..." an overloaded proxy).
-A message that names a file is about the request's media only when the file it names is that
-media: "[Errno 2] ... /dev/shm/..." is the server's own trouble, retried like any 5xx. A 400
-"Request id ... already running." (vLLM V1 before 0.26 randomised its internal ids: a send id still
-running there, e.g. a retry racing the abort of its previous attempt) is gone on the next send.
+- 408, 429, 503 and 504 say "not now" whatever their text (a 429 "too many tokens per minute" is a
+  rate limit, not a long prompt; a 503 "Failed to open ..." an overloaded proxy);
+- a 4xx is the server refusing this request: the message's kind (``too_long``, ``encoder_cache``,
+  ``too_many_items``, ``bad_media``, else ``server_error``), for good. A 400 "Request id ... already
+  running." (vLLM V1 before 0.26 randomised its internal ids: a send id still running there, e.g. a
+  retry racing the abort of its previous attempt) is gone on the next send;
+- a 5xx is the server's failure until the evidence says otherwise: always transient here, whatever
+  the message. vLLM answers some of a request's own problems with a 500 (a missing media file: "[Errno
+  2] No such file or directory"; an MP4 cut after its header: "Expected there to be 1 prompt
+  placeholders corresponding to 1 video items, but instead found 0 ..."), and so it answers a broken
+  server (a video decoder it cannot load fails every video the same way). Such a message keeps its
+  kind (``bad_media``) but not a verdict: the request's record becomes terminal only on evidence, the
+  same 5xx on every attempt from a server that answers the request's peers, requests with the same
+  media kinds (the client's rule, ``vidlabel.serve.client``), or a file missing here too (the media
+  check). A message that names a file is about the request's media only when the file it names is
+  that media: "[Errno 2] ... /dev/shm/..." is the server's own trouble;
+- no status (the connection failed or dropped): ``connection``, transient.
 
-Whether an error is the request's own or the server's (the same error on many requests, limits below
-the plan) is decided above the single request: ``vidlabel.serve.breaker``.
+A refused API key is neither: every request would hit it, so the job stops. Whether an error is
+shared by many requests (one media kind failing on a server, limits below the plan) is decided above
+the single request: ``vidlabel.serve.breaker``.
 
 The wordings, as vLLM 0.26 writes them (``renderers/params.py``, ``v1/engine/input_processor.py``,
-``entrypoints/serve/utils/api_utils.py``) and as earlier V1 releases did:
+``entrypoints/serve/utils/api_utils.py``) and as earlier V1 releases did (the bodies measured on a
+real server are in docs/serving.md, "What vLLM answers"):
 
 - context: "This model's maximum context length is M tokens. However, you requested ...", "Input length
   (N) exceeds model's maximum context length (M).", "The decoder prompt (length N) is longer than the
@@ -33,17 +43,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-
-# Kinds that will not change on a retry: recorded once, terminal.
-# ``over_context``: the server cut the answer below its budget, the prompt having taken more of the context
-# than the plan estimated (vidlabel.serve.client.fill_from_answer).
-PERMANENT_KINDS = frozenset({"too_long", "encoder_cache", "too_many_items", "bad_media", "invalid_output",
-                             "truncated", "over_context"})
-# Kinds that may succeed later: retried here, and by a later run once this run's attempts are spent.
-# ``media_unreachable``: the server cannot see a file that exists where the job runs (another mount,
-# another --allowed-local-media-path); never terminal, and a run of them stops the job.
-TRANSIENT_KINDS = frozenset({"timeout", "server_overloaded", "server_error", "connection", "media_unreachable"})
-ERROR_KINDS = PERMANENT_KINDS | TRANSIENT_KINDS
 
 MAX_RETRY_AFTER_S = 600.0  # a longer Retry-After is treated as this
 
@@ -105,27 +104,29 @@ def too_many_items(message: str | None) -> tuple[str, int] | None:
 
 def classify_error(http_status: int | None, message: str,
                    media_paths: str | Sequence[str] | None = None) -> tuple[str, bool]:
-    """(error_kind, transient) from the HTTP status and the error message together; ``media_paths`` are
-    the files the request sent (a message naming another file is not about this request's media)."""
+    """(error_kind, transient) from the HTTP status, the kind read from the message (module docstring);
+    ``media_paths`` are the files the request sent (a message naming another file is not about this
+    request's media)."""
     msg = message or ""
     if http_status in _OVERLOADED:
         return "server_overloaded", True
     if http_status in _TIMED_OUT:
         return "timeout", True
-    if _ID_RUNNING.search(msg):
-        return "server_error", True
-    if _ENCODER_CACHE.search(msg):
-        return "encoder_cache", False
-    if _TOO_MANY_ITEMS.search(msg) and (http_status is None or http_status < 500):
-        return "too_many_items", False
-    if _TOO_LONG.search(msg) and (http_status is None or http_status < 500):
-        return "too_long", False
-    if _BAD_MEDIA.search(msg) and not names_other_file(msg, media_paths):
-        return "bad_media", False
     if http_status is None:
         return "connection", True
-    if http_status >= 500:
+    if _ID_RUNNING.search(msg):
         return "server_error", True
+    media = bool(_BAD_MEDIA.search(msg)) and not names_other_file(msg, media_paths)
+    if http_status >= 500:  # the server's failure until the evidence says it is the request's
+        return ("bad_media" if media else "server_error"), True
+    if _ENCODER_CACHE.search(msg):
+        return "encoder_cache", False
+    if _TOO_MANY_ITEMS.search(msg):
+        return "too_many_items", False
+    if _TOO_LONG.search(msg):
+        return "too_long", False
+    if media:
+        return "bad_media", False
     return "server_error", False  # another 4xx: the request itself is refused; retrying will not help
 
 

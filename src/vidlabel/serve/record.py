@@ -50,6 +50,10 @@ class Record(Mapping):
     answer_probs: dict | None = field(default=None, metadata={**_JSON, **_MERGED})
     answer_probs_missing: dict | None = field(default=None, metadata=_JOURNAL_ONLY)
     retryable: bool = field(default=False, metadata=_JOURNAL_ONLY)
+    # A failure the server could have caused (a 5xx, a timeout, a dropped connection) judged the
+    # request's own on evidence: the same 5xx on every attempt while requests like it were answered, its
+    # file missing here too, or attempts over several runs while requests like it were answered.
+    own_failure: bool = field(default=False, metadata=_JOURNAL_ONLY)
     # ok | no_audio | unavailable (the prompt said the transcript is unavailable)
     transcript_status: str | None = field(default=None, metadata=_MERGED)
     # Provenance (docs/outputs.md): what made the answer.
@@ -83,8 +87,21 @@ class Record(Mapping):
 
     @property
     def terminal(self) -> bool:
-        """Finished for good: an answer, or an error that a retry would not change."""
-        return self.status == "ok" or not self.retryable
+        """Finished for good: an answer, or an error that a retry would not change: one the server said
+        was the request's (a 4xx, an unusable answer), or one the server could have caused that the
+        evidence showed was the request's own (``own_failure``). A record that says neither (an older
+        version made a shared failure terminal) is sent again, to a server that may answer it."""
+        if self.status == "ok":
+            return True
+        if self.retryable:
+            return False
+        return self.own_failure or not self.server_could_cause
+
+    @property
+    def server_could_cause(self) -> bool:
+        """The error is of a kind the server may cause for every request: no status, a 5xx, or "not now"."""
+        return (self.http_status is None or self.http_status >= 500
+                or self.error_kind in ("timeout", "server_overloaded", "connection", "media_unreachable"))
 
     def journal(self) -> dict[str, Any]:
         """The journal line's object (``request_id`` first: vidlabel.core.journal filters on it)."""

@@ -1,13 +1,19 @@
 """Resume: which journaled answers a shard job may keep, and which requests it sends again.
 
-A record is reused only when it is terminal (``ok``, or an error a retry would not change) and was
-made under the row's request fingerprint (vidlabel.serve.provenance: prompt, media, transcript, plan,
-model, server command and program, generation settings, schema). Every journal of the results
-directory is read, not only the shard's own, so re-dealing posts to shards (``classify.shards``)
-sends nothing twice; a record found in another shard's journal is copied into this one, stamped
-with this shard and keeping the job that made it (``job_id``: busy time and GPU-hours are counted
-per job, vidlabel/sql/throughput.sql). Once servers are probed (vidlabel.serve.probe), a record made
-by a server with another fingerprint is sent again.
+Every journal of the model's results folder is read, the shard's own among them, and each request's
+newest record made under the row's request fingerprint (vidlabel.serve.provenance: prompt, media,
+transcript, plan, model, server command and program, generation settings, schema) stands for it:
+newest by the time it was made (``finished_at``, which a copy keeps), so neither the journals' names
+(``shard-10`` sorts before ``shard-2``) nor which one is the shard's own decide. A shard count changed
+up or down (``classify.shards`` re-deals the posts) therefore sends nothing twice, and a post answered
+again later (by another server) reports that later answer. A newest record found in another shard's
+journal is copied into this one, stamped with this shard and keeping the job that made it (``job_id``:
+busy time and GPU-hours are counted per job, vidlabel/sql/throughput.sql), so that the shard's own
+journal holds every request's newest record. A record is reused when it is terminal (``ok``, or an
+error a retry would not change); once servers are probed (vidlabel.serve.probe), a record made by a
+server with another fingerprint is sent again. Records of a request made at the same moment on two
+nodes (two jobs of one shard at once, which the journal's lock prevents) would be ordered by the
+nodes' clocks.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import logging
 from pathlib import Path
 from typing import Iterable
 
-from vidlabel.core.journal import Journal, iter_records
+from vidlabel.core.journal import Journal, iter_records, newest
 from vidlabel.serve.probe import ServerIdentity
 from vidlabel.serve.record import Record
 
@@ -27,36 +33,41 @@ def is_terminal(record: Record | None) -> bool:
     return record is not None and record.terminal
 
 
-def matching_records(paths: list[Path], rows: list[dict]) -> dict[str, Record]:
-    """The latest record of each row made under the row's fingerprint, from ``paths`` in order (a
-    later file only fills in rows an earlier one lacks)."""
+def newest_records(paths: list[Path], rows: list[dict]) -> dict[str, tuple[Record, Path]]:
+    """Each row's newest record made under the row's fingerprint, over ``paths`` (module docstring),
+    with the journal it is in; on a tie the first of ``paths`` holding it."""
     wanted = {r["request_id"]: r["fingerprint"] for r in rows}
-    found: dict[str, Record] = {}
-    for path in paths:
-        here: dict[str, Record] = {}
-        for rec in iter_records(path, "request_id", wanted):
-            rid = rec.get("request_id")
-            if rid in wanted and rid not in found and rec.get("request_fingerprint") == wanted[rid]:
-                here[rid] = Record.from_journal(rec)
-        found.update(here)
-    return found
+    found = newest(paths, "request_id", wanted,
+                   accept=lambda rec: rec.get("request_fingerprint") == wanted[rec["request_id"]])
+    return {rid: (Record.from_journal(rec), path) for rid, (rec, path) in found.items()}
+
+
+def matching_records(paths: list[Path], rows: list[dict]) -> dict[str, Record]:
+    """Each row's newest record made under the row's fingerprint, over ``paths``."""
+    return {rid: rec for rid, (rec, _) in newest_records(paths, rows).items()}
+
+
+def journals(journal: Path) -> list[Path]:
+    """Every journal beside ``journal``, itself first (it wins a tie with a copy of its own records)."""
+    return [journal, *sorted(p for p in journal.parent.glob("*.jsonl") if p != journal)]
 
 
 def resume_state(rows: list[dict], journal: Journal, shard: int) -> tuple[dict[str, Record], dict[str, Record]]:
-    """(prior, reused): this journal's latest record per request under the request's fingerprint, and
-    the terminal ones among them plus those of every other journal beside it (copied into this one).
-    Logs how many journaled answers were passed over, and why."""
-    prior = matching_records([journal.path], rows)
-    others = sorted(p for p in journal.path.parent.glob("*.jsonl") if p != journal.path)
-    todo = [r for r in rows if not is_terminal(prior.get(r["request_id"]))]
-    elsewhere = {rid: rec.stamped(shard=shard, copied_from_shard_journal=True)
-                 for rid, rec in matching_records(others, todo).items() if is_terminal(rec)}
-    for rec in elsewhere.values():
-        journal.append(rec.journal())
-    if elsewhere:
-        log.info("copied %d answer(s) from other shards' journals (their posts were in other shards before)",
-                 len(elsewhere))
-    reused = {rid: rec for rid, rec in prior.items() if is_terminal(rec)} | elsewhere
+    """(prior, reused): each request's newest record under its fingerprint over every journal beside
+    this one, this one included (those of other journals copied into it), and the terminal ones among
+    them. Logs how many journaled answers were passed over, and why."""
+    prior: dict[str, Record] = {}
+    copied = 0
+    for rid, (rec, path) in newest_records(journals(journal.path), rows).items():
+        if path != journal.path:
+            rec = rec.stamped(shard=shard, copied_from_shard_journal=True)
+            journal.append(rec.journal())
+            copied += 1
+        prior[rid] = rec
+    if copied:
+        log.info("copied %d record(s) from other shards' journals: the newest of their requests, made while their "
+                 "posts were in other shards", copied)
+    reused = {rid: rec for rid, rec in prior.items() if is_terminal(rec)}
     missing = {r["request_id"] for r in rows} - set(reused)
     passed_over: dict[str, int] = {}
     for rec in iter_records(journal.path):
