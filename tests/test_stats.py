@@ -355,14 +355,31 @@ def test_active_mean_matches_a_direct_implementation():
     half = stats.z_value(0.95) * fixed["se"]
     assert (fixed["lo"], fixed["hi"]) == pytest.approx((z.mean() - half, z.mean() + half))
     # plug-in: the (lambda, mu) of least squares of -a on the control variates
-    tuned = estimators.active_mean(s, y_seen, xi, pi, 0.95)
+    plain = estimators.active_mean(s, y_seen, xi, pi, 0.95, crossfit=False)
     a, b1, b0 = y * xi / pi, s * (1 - xi / pi), 1 - xi / pi
-    coef = np.linalg.lstsq(np.c_[np.ones(n_posts), b1, b0], -a, rcond=None)[0]
+    design = np.c_[np.ones(n_posts), b1, b0]
+    coef = np.linalg.lstsq(design, -a, rcond=None)[0]
     assert 0 < coef[1] < 1  # inside the clipping range here
-    assert tuned["lambda"] == pytest.approx(coef[1], rel=1e-8) and tuned["mu"] == pytest.approx(coef[2], abs=1e-8)
+    assert plain["lambda"] == pytest.approx(coef[1], rel=1e-8) and plain["mu"] == pytest.approx(coef[2], abs=1e-8)
     z = _active_direct(s, y, xi, pi, coef[1], coef[2])
-    assert tuned["estimate"] == pytest.approx(z.mean(), abs=1e-10)
-    assert tuned["se"] <= fixed["se"] + 1e-12  # the tuned pair minimises the variance
+    assert plain["estimate"] == pytest.approx(z.mean(), abs=1e-10)
+    assert plain["se"] <= fixed["se"] + 1e-12  # the tuned pair minimises the variance
+    # cross-fitted (the default): each post's z with the least squares of every other post
+    tuned = estimators.active_mean(s, y_seen, xi, pi, 0.95)
+    assert tuned["lambda"] == plain["lambda"] and tuned["mu"] == plain["mu"]  # the full fit is what is quoted
+    others = np.ones(n_posts, bool)
+    z_loo = np.empty(n_posts)
+    for i in range(n_posts):
+        others[i] = False
+        lam_i, mu_i = np.linalg.lstsq(design[others], -a[others], rcond=None)[0][1:]
+        if not 0 <= lam_i <= 1:  # clipped, mu refitted with lambda fixed
+            lam_i = min(1.0, max(0.0, lam_i))
+            mu_i = np.linalg.lstsq(design[others][:, [0, 2]], -a[others] - lam_i * b1[others], rcond=None)[0][1]
+        others[i] = True
+        z_loo[i] = _active_direct(s[i:i + 1], y[i:i + 1], xi[i:i + 1], pi[i:i + 1], lam_i, mu_i)[0]
+    assert tuned["estimate"] == pytest.approx(z_loo.mean(), abs=1e-10)
+    assert tuned["se"] == pytest.approx(z_loo.std(ddof=1) / math.sqrt(n_posts), rel=1e-8)
+    assert tuned["estimate"] != pytest.approx(plain["estimate"], abs=1e-8)
     # batched rows give the per-row answers
     batch = estimators.active_mean(np.stack([s, s[::-1]]), np.stack([y_seen, y_seen[::-1]]), np.stack([xi, xi[::-1]]),
                               np.stack([pi, pi[::-1]]), 0.95)
@@ -500,27 +517,40 @@ def test_two_phase_estimates_by_their_definition():
     f = np.clip(s + rng.normal(0, 0.1, n_posts), 0, 1)
     burn = np.zeros(n_posts, bool)
     burn[rng.permutation(n_posts)[:80]] = True
+    folds = rng.integers(0, 2, n_posts)
     pi = np.where(burn, 0.0, np.clip(0.3 * np.sqrt(s * (1 - s)), 0.01, 1))
     drawn = ~burn & (rng.random(n_posts) < pi)
     pi0, a, calibrated = 80 / n_posts, 0.3, np.clip(s * 0.9 + 0.05, 0, 1)
-    est = estimators.two_phase_mean(f, y, burn, drawn, pi0, pi, a, calibrated, 0.95)
+    fold_a = np.array([0.25, 0.4])  # the weight each fold's estimate gets, chosen without its labels
+    est = estimators.two_phase_mean(f, y, burn, drawn, pi0, pi, a, calibrated, 0.95, folds, fold_a)
     conditional = np.where(burn, 1.0, np.where(drawn, pi, 1.0))
     second = estimators.active_mean(calibrated, y, burn | drawn, conditional, 0.95, lam=1.0)
-    lam = estimators.active_mean(f, y, burn | drawn, conditional, 0.95)["lambda"]
-    # the burn-in's estimate: uniform sample, lambda from the second draw, no intercept
-    z = lam * f + (y - lam * f) * burn / pi0
-    assert est["lambda"] == pytest.approx(lam)
-    first_se = z.std(ddof=1) / np.sqrt(n_posts)
-    assert est["estimate"] == pytest.approx(a * z.mean() + (1 - a) * second["estimate"], abs=1e-12)
-    assert est["se"] == pytest.approx(np.sqrt(a * a * first_se**2 + (1 - a) ** 2 * second["se"] ** 2), rel=1e-9)
+    # each fold's estimate: a uniform sample of its n_k posts, lambda cross-fitted, no intercept
+    weights, firsts = [], []
+    for k in range(2):
+        fold = burn & (folds == k)
+        weights.append(fold.sum() / burn.sum() * fold_a[k])
+        firsts.append(estimators.active_mean(f, y, fold, np.full(n_posts, fold.sum() / n_posts), 0.95,
+                                             intercept=False))
+    combined = sum(weights)
+    assert est["combination"] == pytest.approx(combined)
+    assert est["estimate"] == pytest.approx(sum(w * r["estimate"] for w, r in zip(weights, firsts))
+                                            + (1 - combined) * second["estimate"], abs=1e-12)
+    assert est["se"] == pytest.approx(np.sqrt(sum((w * r["se"]) ** 2 for w, r in zip(weights, firsts))
+                                              + (1 - combined) ** 2 * second["se"] ** 2), rel=1e-9)
+    # without fold weights (a design file written before them): the burn-in is one fold weighing a
+    single = estimators.two_phase_mean(f, y, burn, drawn, pi0, pi, a, calibrated, 0.95)
+    first = estimators.active_mean(f, y, burn, np.full(n_posts, pi0), 0.95, intercept=False)
+    assert single["estimate"] == pytest.approx(a * first["estimate"] + (1 - a) * second["estimate"], abs=1e-12)
     # every label's weight in the combined estimate, and the same weights for the agreement totals
     effective = estimators.two_phase_pi(burn, drawn, pi0, pi, a)
     assert 1 / effective[burn] == pytest.approx(a / pi0 + 1 - a)
     assert 1 / effective[drawn] == pytest.approx((1 - a) / pi[drawn])
     labelled = burn | drawn
-    weights = estimators.two_phase_weights(burn[labelled], pi0, pi[labelled], a)
-    assert weights.weight == pytest.approx(1 / effective[labelled])
-    share = estimators.two_phase_share(y, burn, drawn, pi0, pi, a, 0.95)
+    design_weights = estimators.two_phase_weights(burn[labelled], pi0, pi[labelled], a)
+    assert design_weights.weight == pytest.approx(1 / effective[labelled])
+    share = estimators.two_phase_share(y, burn, drawn, pi0, pi, a, 0.95, folds, fold_a)
     hajek = estimators.hajek_share(y, conditional, 0.95, labelled)
-    assert share["estimate"] == pytest.approx(a * y[burn].mean() + (1 - a) * hajek["estimate"])
+    assert share["estimate"] == pytest.approx(sum(w * y[burn & (folds == k)].mean() for k, w in enumerate(weights))
+                                              + (1 - combined) * hajek["estimate"])
     assert share["lo"] < share["estimate"] < share["hi"]
