@@ -212,7 +212,7 @@ def test_aggregate_every_file_checked(fabricated):
     y = np.array([h["y"] for h in usable])
     assert int(p["human_n"]) == len(usable) and _f(p["human_share"]) == pytest.approx(y.mean())
     assert _f(p["human_yes"]) == y.sum() == int(y.sum()) + 0.5
-    assert p["human_ci_method"] == "Wilson" and p["design"] == "uniform" and p["corrected_method"] == "PPI++"
+    assert p["human_ci_method"] == "Wilson" and p["design"] == "uniform" and p["corrected_method"].startswith("PPI++")
     by_id = {r["post_id"]: r for r in classified}
     share = _f(p["model_share"])
 
@@ -222,16 +222,16 @@ def test_aggregate_every_file_checked(fabricated):
 
     yhat = np.array([pred(by_id[h["post_id"]]) for h in usable])
     yhat_all = np.array([pred(r) for r in classified])
-    import ppi_py
-    est = float(np.ravel(ppi_py.ppi_mean_pointestimate(y, yhat, yhat_all))[0])
-    lo, hi = (float(np.ravel(v)[0]) for v in ppi_py.ppi_mean_ci(y, yhat, yhat_all, alpha=0.05))
+    # the SQL's PPI++ moments agree with ppi_py's (the cross-check adds a note when they do not)
+    assert "ppi_py disagree" not in p["note"]
+    # the reported estimate: PPI++ with lambda cross-fitted, each label corrected with the lambda of the others
+    est, se = _crossfit_ppi(y, yhat, yhat_all)
     assert abs(_f(p["corrected"]) - est) < 1e-9
-    # the reported interval: ppi_py's standard error with a t quantile on the events (fewest of
+    # the reported interval: that standard error with a t quantile on the events (fewest of
     # labelled yes, labelled no, disagreement mass), here well above stats.MIN_EVENTS
     from scipy.stats import t as student_t
     events = min(y.sum(), len(y) - y.sum(), np.abs(y - yhat).sum())
     assert _f(p["events"]) == pytest.approx(events) and events >= 10
-    se = (hi - lo) / 2 / 1.959963984540054
     q = student_t.ppf(0.975, events - 1)
     assert _f(p["corrected_se"]) == pytest.approx(se, rel=1e-9)
     assert abs(_f(p["corrected_lo"]) - max(est - q * se, 0)) < 1e-9
@@ -333,6 +333,20 @@ def test_aggregate_every_file_checked(fabricated):
         assert matplotlib.image.imread(png).shape[0] > 100
 
 
+def _crossfit_ppi(y, yhat, yhat_all):
+    """PPI++ with lambda cross-fitted (sql/ppi_moments.sql's crossfit_*), by its definition: label i is
+    corrected with lambda_i = Cov(y, yhat) of the other labels / ((1 + (n - 1)/N) Var(yhat) of all posts)."""
+    n, big_n = len(y), len(yhat_all)
+    lam_i = np.empty(n)
+    for i in range(n):
+        others = np.arange(n) != i
+        cov = np.mean(y[others] * yhat[others]) - y[others].mean() * yhat[others].mean()
+        lam_i[i] = min(1.0, max(0.0, cov / ((1 + (n - 1) / big_n) * yhat_all.var())))
+    est = float(np.mean(lam_i * yhat_all.mean() + y - lam_i * yhat))
+    se = float(np.sqrt(np.var(y - lam_i * yhat) / n + lam_i.mean() ** 2 * yhat_all.var() / big_n))
+    return est, se
+
+
 def test_aggregate_weighted_human_labels_parquet(fabricated):
     """Varying sampling probabilities: Hajek human-only share and the active (Horvitz-Thompson)
     estimator, both recomputed here from their formulas over every classified post."""
@@ -361,12 +375,21 @@ def test_aggregate_weighted_human_labels_parquet(fabricated):
     yy = np.array([by_post.get(r["post_id"], (0.0, 1.0))[0] for r in rows])
     pi = np.array([by_post.get(r["post_id"], (0.0, 1.0))[1] for r in rows])
     a, b1, b0 = yy * xi / pi, fhat * (1 - xi / pi), 1 - xi / pi
-    _, lam, mu = np.linalg.lstsq(np.c_[np.ones(len(a)), b1, b0], -a, rcond=None)[0]
+    design = np.c_[np.ones(len(a)), b1, b0]
+    _, lam, mu = np.linalg.lstsq(design, -a, rcond=None)[0]
     assert 0 < lam < 1
-    z = lam * fhat + mu + (yy - lam * fhat - mu) * xi / pi
-    assert _f(p["lambda"]) == pytest.approx(lam, abs=1e-9)
+    assert _f(p["lambda"]) == pytest.approx(lam, abs=1e-9)  # the full fit is the one quoted
+    # cross-fitted: post i's z takes the (lambda, mu) fitted on every other post
+    z = np.empty(len(a))
+    for i in range(len(a)):
+        others = np.arange(len(a)) != i
+        _, lam_i, mu_i = np.linalg.lstsq(design[others], -a[others], rcond=None)[0]
+        assert 0 < lam_i < 1
+        z[i] = lam_i * fhat[i] + mu_i + (yy[i] - lam_i * fhat[i] - mu_i) * xi[i] / pi[i]
     assert _f(p["corrected"]) == pytest.approx(z.mean(), abs=1e-12)
     assert _f(p["corrected_se"]) == pytest.approx(z.std(ddof=1) / np.sqrt(len(z)), rel=1e-9)
+    # these labels stand for sum 1/pi = about 400 posts of the 590 classified, with no design file
+    assert "WARNING: the human labels stand for about" in p["note"] and "human_design" in p["note"]
     assert int(p["ppi_population"]) == 590 and int(p["ppi_labelled"]) == len(usable)
     assert _f(p["corrected_lo"]) < _f(p["corrected"]) < _f(p["corrected_hi"])
     assert _f(p["uniform_halfwidth"]) > 0
@@ -594,8 +617,7 @@ def test_aggregate_uses_answer_probs_as_prediction(tmp_path):
     fhat = p_yes.copy()  # renormalised over yes + no
     fhat[:2] = [float(answers[i]["promotes_product"] == "yes") for i in range(2)]
     y = truth[labelled].astype(float)
-    import ppi_py
-    est = float(np.ravel(ppi_py.ppi_mean_pointestimate(y, fhat[labelled], fhat))[0])
+    est, _ = _crossfit_ppi(y, fhat[labelled], fhat)
     assert _f(prev["promotes_product"]["corrected"]) == pytest.approx(est, abs=1e-9)
     assert prev["promotes_product"]["note"] == ""  # SQL and ppi_py agree on the soft predictions too
 
