@@ -520,11 +520,13 @@ def test_two_phase_estimates_by_their_definition():
     folds = rng.integers(0, 2, n_posts)
     pi = np.where(burn, 0.0, np.clip(0.3 * np.sqrt(s * (1 - s)), 0.01, 1))
     drawn = ~burn & (rng.random(n_posts) < pi)
-    pi0, a, calibrated = 80 / n_posts, 0.3, np.clip(s * 0.9 + 0.05, 0, 1)
+    pi0, a = 80 / n_posts, 0.3
+    calibrated = np.clip(0.5 * s + 0.5 * rng.beta(0.3, 0.7, n_posts), 0, 1)  # half noise: lambda inside (0, 1)
     fold_a = np.array([0.25, 0.4])  # the weight each fold's estimate gets, chosen without its labels
     est = estimators.two_phase_mean(f, y, burn, drawn, pi0, pi, a, calibrated, 0.95, folds, fold_a)
     conditional = np.where(burn, 1.0, np.where(drawn, pi, 1.0))
-    second = estimators.active_mean(calibrated, y, burn | drawn, conditional, 0.95, lam=1.0)
+    second = estimators.active_mean(calibrated, y, burn | drawn, conditional, 0.95)  # lambda, mu cross-fitted
+    assert 0 < second["lambda"] < 1
     # each fold's estimate: a uniform sample of its n_k posts, lambda cross-fitted, no intercept
     weights, firsts = [], []
     for k in range(2):

@@ -7,6 +7,8 @@ then a Poisson draw whose probabilities were chosen from the burn-in's labels).
 - ``uniform_equivalent_se``: what uniform PPI++ would have given with as many labels.
 - ``weighted_agreement``: accuracy, precision, recall, F1 and kappa from confusion totals weighted by
   1/pi, with intervals from a bootstrap that resamples the design (``replicate_weights``).
+- ``paired_difference``: two models on the same labelled posts, the design-weighted difference of
+  their F1, precision, recall and prevalence error with its interval (compare's verdict).
 Methods and simulated coverage: docs/statistics.md.
 """
 
@@ -17,6 +19,8 @@ import warnings
 from typing import Any, NamedTuple
 
 import numpy as np
+
+from scipy.stats import norm
 
 from vidlabel.analyze.stats import (
     BOOTSTRAP_METRICS,
@@ -194,7 +198,8 @@ def two_phase_mean(f, y, burn_in, drawn, pi_burn_in, pi, combination, calibrated
               sampling.fold_of: a uniform sample of n_k posts), lambda cross-fitted (``active_mean``);
       second  conditional on the burn-in: its posts count as themselves (pi = 1), the second draw's
               with its pi; prediction ``calibrated``, the P(yes) the design was drawn from (fixed by
-              the burn-in), with lambda = 1 and the ratio-type intercept (cross-fitted); given the
+              the burn-in), ``active_mean`` with lambda and the ratio-type intercept cross-fitted (each
+              post's from the others: E[lambda_-i f_i (1 - xi_i/pi_i)] = 0 given the burn-in); given the
               burn-in it is unbiased whatever the burn-in was, so unbiased too,
     and E[second | burn-in] is the population share itself, so the two are uncorrelated:
       estimate = sum_k (n_k/n0) a_-k first_k + (1 - a) second,  a = sum_k (n_k/n0) a_-k,
@@ -204,14 +209,16 @@ def two_phase_mean(f, y, burn_in, drawn, pi_burn_in, pi, combination, calibrated
     leaves the second estimate unbiased: the estimate is unbiased. Without ``fold_combination`` (a
     design file written before it) the burn-in is one fold with weight ``combination``: a weight chosen
     from the same labels as the first estimate, -0.15 SD of bias at prevalence 0.02 with 100 labels. No
-    lambda is tuned on the labels it is applied to: tuned on the second draw's few labels it leaned on
-    them (a bias of 0.17 SD at N 3,000, prevalence 0.05, 60 + 150 labels, docs/statistics.md).
-    ``lambda``: the first estimate's (weighted over the folds). Vectorised like ``active_mean``.
+    coefficient is fitted on the label it corrects: lambda fitted on all the second draw's labels at once
+    leaned on them (a bias of 0.17 SD at N 3,000, prevalence 0.05, 60 + 150 labels), hence lambda = 1 there
+    before; cross-fitted, the tuned lambda is unbiased and keeps an uninformative model that passed the
+    burn-in's check from widening the interval (docs/statistics.md). ``lambda``: the first estimate's
+    (weighted over the folds). Vectorised like ``active_mean``.
     """
     f = np.asarray(f, dtype=float)
     burn_in, drawn = np.asarray(burn_in, bool), np.asarray(drawn, bool)
     n_posts = f.shape[-1]
-    second = active_mean(calibrated, y, burn_in | drawn, conditional_pi(burn_in, drawn, pi), confidence, lam=1.0)
+    second = active_mean(calibrated, y, burn_in | drawn, conditional_pi(burn_in, drawn, pi), confidence)
     a_total = first_sum = first_var = lam_sum = 0.0
     for mask, n_k, share in burn_in_folds(burn_in, combination, folds, fold_combination):
         pi_k = np.broadcast_to(_per_dataset(np.maximum(n_k, 1) / n_posts, f.shape), f.shape)
@@ -398,3 +405,59 @@ def weighted_agreement(cells, design: Design, confidence: float, samples: int, s
             lo, hi = wilson_bounds(share * n_eff, n_eff, confidence)
             intervals[name] = (float(lo), float(hi))
     return agreement_row(counts, point, intervals, f"a pseudo-post of half the mean weight ({pseudo:.3g})")
+
+
+def srs_design(n: int) -> Design:
+    """A uniform sample of n labelled posts: each counts 1 and is resampled as a simple random sample."""
+    zero = np.zeros(n)
+    return Design(np.ones(n), zero, np.ones(n), zero)
+
+
+# The metrics compared between two models on the same labelled posts ("prevalence_error": the error of the
+# model's own "yes" share, |FP - FN| / posts, of which lower is better).
+PAIRED_METRICS = ("f1", "precision", "recall", "prevalence_error")
+# The power at which ``paired_difference`` states the smallest difference the labels can detect.
+DETECTION_POWER = 0.8
+
+
+def paired_difference(cells_a, cells_b, design: Design, confidence: float, samples: int,
+                      seed: int = 0) -> dict[str, dict[str, float]]:
+    """Model A against model B on the same labelled posts, per metric of ``PAIRED_METRICS``: each one's
+    design-weighted estimate (``weighted_agreement``'s confusion totals), their difference A - B and its
+    percentile interval from ``replicate_weights``, the same replicate weights for both models, so the
+    interval keeps the pairing (posts both get right or both get wrong cancel out), and ``detectable``:
+    the smallest difference these labels find with probability ``DETECTION_POWER``,
+    (z_(1 - (1 - confidence)/2) + z_power) x the replicates' standard deviation of the difference;
+    ``discordant``: the labelled posts on which the two fall in different cells (with none, every
+    replicate gives a difference of 0: the labels hold nothing that tells the models apart).
+    ``cells_a``, ``cells_b``: each labelled post's cell for A and B (``TP`` ...)."""
+    cells_a, cells_b = np.asarray(cells_a, dtype=int), np.asarray(cells_b, dtype=int)
+    onehot_a = np.eye(4)[cells_a] if cells_a.size else np.zeros((0, 4))
+    onehot_b = np.eye(4)[cells_b] if cells_b.size else np.zeros((0, 4))
+    replicates = replicate_weights(design, samples, np.random.default_rng(seed))
+
+    def metrics(totals):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out = confusion_metrics(*np.moveaxis(np.asarray(totals, dtype=float), -1, 0))
+            tp, fp, fn, tn = np.moveaxis(np.asarray(totals, dtype=float), -1, 0)
+            total = tp + fp + fn + tn
+            out["prevalence_error"] = np.where(total > 0, np.abs(fp - fn) / np.where(total > 0, total, 1.0), np.nan)
+        return out
+
+    discordant = int(np.sum(cells_a != cells_b))
+    point_a, point_b = metrics(design.weight @ onehot_a), metrics(design.weight @ onehot_b)
+    rep_a, rep_b = metrics(replicates @ onehot_a), metrics(replicates @ onehot_b)
+    tail = 100 * (1 - confidence) / 2
+    reach = z_value(confidence) + float(norm.ppf(DETECTION_POWER))
+    out = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a metric undefined in every replicate: NaN
+        for name in PAIRED_METRICS:
+            a, b = float(point_a[name]), float(point_b[name])
+            differences = rep_a[name] - rep_b[name]
+            finite = differences[np.isfinite(differences)]
+            lo, hi = (np.percentile(finite, [tail, 100 - tail]) if finite.size else (math.nan, math.nan))
+            spread = float(finite.std(ddof=1)) if finite.size > 1 else math.nan
+            out[name] = {"a": a, "b": b, "difference": a - b, "lo": float(lo), "hi": float(hi),
+                         "detectable": reach * spread, "discordant": discordant}
+    return out
