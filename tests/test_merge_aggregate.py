@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from stats_helpers import crossfit_ppi
 
 from vidlabel.analyze import aggregate, agreement, humans, merge, stats
 from vidlabel.core import config as vconfig
@@ -225,7 +226,7 @@ def test_aggregate_every_file_checked(fabricated):
     # the SQL's PPI++ moments agree with ppi_py's (the cross-check adds a note when they do not)
     assert "ppi_py disagree" not in p["note"]
     # the reported estimate: PPI++ with lambda cross-fitted, each label corrected with the lambda of the others
-    est, se = _crossfit_ppi(y, yhat, yhat_all)
+    est, se = crossfit_ppi(y, yhat, yhat_all)
     assert abs(_f(p["corrected"]) - est) < 1e-9
     # the reported interval: that standard error with a t quantile on the events (fewest of
     # labelled yes, labelled no, disagreement mass), here well above stats.MIN_EVENTS
@@ -331,20 +332,6 @@ def test_aggregate_every_file_checked(fabricated):
         assert data[:8] == PNG_MAGIC and len(data) > 5_000, name
         import matplotlib.image
         assert matplotlib.image.imread(png).shape[0] > 100
-
-
-def _crossfit_ppi(y, yhat, yhat_all):
-    """PPI++ with lambda cross-fitted (sql/ppi_moments.sql's crossfit_*), by its definition: label i is
-    corrected with lambda_i = Cov(y, yhat) of the other labels / ((1 + (n - 1)/N) Var(yhat) of all posts)."""
-    n, big_n = len(y), len(yhat_all)
-    lam_i = np.empty(n)
-    for i in range(n):
-        others = np.arange(n) != i
-        cov = np.mean(y[others] * yhat[others]) - y[others].mean() * yhat[others].mean()
-        lam_i[i] = min(1.0, max(0.0, cov / ((1 + (n - 1) / big_n) * yhat_all.var())))
-    est = float(np.mean(lam_i * yhat_all.mean() + y - lam_i * yhat))
-    se = float(np.sqrt(np.var(y - lam_i * yhat) / n + lam_i.mean() ** 2 * yhat_all.var() / big_n))
-    return est, se
 
 
 def test_aggregate_weighted_human_labels_parquet(fabricated):
@@ -617,7 +604,7 @@ def test_aggregate_uses_answer_probs_as_prediction(tmp_path):
     fhat = p_yes.copy()  # renormalised over yes + no
     fhat[:2] = [float(answers[i]["promotes_product"] == "yes") for i in range(2)]
     y = truth[labelled].astype(float)
-    est, _ = _crossfit_ppi(y, fhat[labelled], fhat)
+    est, _ = crossfit_ppi(y, fhat[labelled], fhat)
     assert _f(prev["promotes_product"]["corrected"]) == pytest.approx(est, abs=1e-9)
     assert prev["promotes_product"]["note"] == ""  # SQL and ppi_py agree on the soft predictions too
 
