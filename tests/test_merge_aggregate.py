@@ -688,3 +688,39 @@ def test_records_re_dealt_to_other_shards_keep_the_busy_time_of_the_jobs_that_ma
     assert _f(four["all"]["gpu_hours"]) == pytest.approx(_f(three["all"]["gpu_hours"]))
     assert sorted(k for k in four if k != "all") == sorted(k for k in three if k != "all")  # the same three jobs
     assert {four[k]["shard"] for k in four if k != "all"} == {"0", "1", "2"}  # each job's own shard
+
+
+def test_aggregate_refuses_a_census_of_the_labelled_posts_only(tmp_path):
+    """Every labelled post drawn with probability 1 while the other classified posts were not labelled:
+    each label stands for itself only (a zero-width Hajek "census"), so no share is claimed for all posts."""
+    rng = np.random.default_rng(3)
+    answers = [{"promotes_product": "yes" if rng.random() < 0.3 else "no", "shows_face": "no"} for _ in range(300)]
+    human = [{"post_id": f"p{i:05d}", "question": "promotes_product", "label": "yes" if i % 3 == 0 else "no",
+              "sampling_probability": 1} for i in range(60)]
+    prev, md, _ = _run(tmp_path, answers, human)
+    p = prev["promotes_product"]
+    assert p["human_share"] == "" and p["corrected"] == "" and int(p["human_n"]) == 60
+    assert "every one of the 60 labelled post(s) was drawn with sampling probability 1" in p["note"]
+    assert "240 classified post(s) were not labelled" in p["note"] and "WARNING" in md
+    # the same labels as a uniform sample of 60 of the 300 (probability 0.2) give both shares, and no warning
+    uniform = [dict(h, sampling_probability=0.2) for h in human]
+    (tmp_path / "uniform").mkdir()
+    prev, _, _ = _run(tmp_path / "uniform", answers, uniform)
+    assert _f(prev["promotes_product"]["corrected"]) > 0 and "WARNING" not in prev["promotes_product"]["note"]
+
+
+def test_aggregate_warns_when_posts_were_classified_after_the_draw_without_the_design(tmp_path):
+    """A uniform sample of 100 of the first 500 posts (probability 0.2), 900 posts classified now and no
+    human_design: the labels stand for about 500 posts, the shares would speak for all 900."""
+    rng = np.random.default_rng(4)
+    answers = [{"promotes_product": "yes" if rng.random() < 0.3 else "no", "shows_face": "no"} for _ in range(900)]
+    human = [{"post_id": f"p{i:05d}", "question": "promotes_product", "label": "yes" if i % 4 == 0 else "no",
+              "sampling_probability": 0.2} for i in rng.choice(500, 100, replace=False)]
+    prev, md, _ = _run(tmp_path, answers, human)
+    note = prev["promotes_product"]["note"]
+    assert "WARNING: the human labels stand for about 500 posts" in note and "900 posts are classified" in note
+    assert "human_design" in note and "WARNING: the human labels stand for about 500 posts" in md
+    # the same sample when nothing was classified since: no warning
+    (tmp_path / "same").mkdir()
+    prev, _, _ = _run(tmp_path / "same", answers[:500], human)
+    assert "stand for about" not in prev["promotes_product"]["note"]
