@@ -721,6 +721,8 @@ def test_active_design_is_switched_to_uniform_where_its_coverage_cannot_be_promi
     assert metadata["design"] == "uniform" and metadata["requested_design"] == "active"
     assert "promotes_product" in metadata["switched_because"] and "fewer than 10 positives" in metadata["switched_because"]
     assert "label_sample.design active switched to a uniform draw" in caplog.text
+    # summary.md's description of the design says so
+    assert "label_sample.design active was asked for and switched to this draw" in sample_design.describe(metadata)
     pi = [r["pi"] for r in pq.read_table(outputs["design"]).to_pylist()]
     assert np.ptp(pi) < 1e-12 and pi[0] == pytest.approx(60 / len(pi))
     # where the budget expects enough positives the active design is drawn as asked

@@ -97,5 +97,9 @@ def describe(metadata: dict[str, Any]) -> str:
     kinds = {KIND_TWO_PHASE: (f"two-phase design (a uniform burn-in of {metadata.get('burn_in_posts')} posts, "
                               + ("then a second draw)" if metadata.get("phase") == 2 else "the second draw not yet made)")),
              KIND_ACTIVE: "active design", KIND_UNIFORM: "uniform design"}
-    return (f"{kinds.get(metadata.get('design'), 'design')} over {metadata.get('frame_posts', '?'):,} posts, {drawn} "
+    text = (f"{kinds.get(metadata.get('design'), 'design')} over {metadata.get('frame_posts', '?'):,} posts, {drawn} "
             f"(labels `{metadata.get('labels_sha256', '?')}`), seed {metadata.get('seed')}")
+    if metadata.get("requested_design"):
+        text += (f"; label_sample.design {metadata['requested_design']} was asked for and switched to this draw: "
+                 f"{metadata.get('switched_because', '')}")
+    return text
