@@ -299,7 +299,8 @@ def test_second_draw_after_a_burn_in_follows_the_two_phase_design_on_resolved_la
     assert resolved[(adjudicated, "sales_interaction")] == (1.0 if flip[first[(adjudicated, "sales_interaction")]]
                                                              == "yes" else 0.0)
     y = np.array([[resolved[(p, q)] for q in IDS] for p in post_ids if p in coded])
-    expected = sampling.two_phase_design(_model_p_yes(truth, post_ids), mask, y, 85, FLOOR_SHARE_SECOND_PHASE)
+    expected = sampling.two_phase_design(_model_p_yes(truth, post_ids), mask, y, 85, FLOOR_SHARE_SECOND_PHASE,
+                                         sampling.fold_of(post_ids))
     pi = np.array([r["pi"] for r in design])
     np.testing.assert_allclose(pi, np.where(mask, len(coded) / len(post_ids), expected.pi))
     assert expected.pi[~mask].sum() == pytest.approx(85 - len(coded)) and np.all(expected.pi[mask] == 0)
@@ -315,6 +316,10 @@ def test_second_draw_after_a_burn_in_follows_the_two_phase_design_on_resolved_la
     _, metadata = sample_design.read_design(outputs["design"])
     assert metadata["phase"] == 2 and metadata["burn_in_posts"] == len(coded) and metadata["burn_in_path"] == str(burn_in)
     assert metadata["combination"] == pytest.approx(dict(zip(IDS, expected.combination)))
+    # the weights chosen without each fold's labels (the burn-in cut by a hash of the post id)
+    for qid, weights in zip(IDS, expected.fold_combination):
+        assert metadata["fold_combination"][qid] == pytest.approx(list(weights))
+    assert all(len(w) == sampling.FOLDS and all(0 < a < 1 for a in w) for w in metadata["fold_combination"].values())
     assert metadata["pi_burn_in"] == pytest.approx(len(coded) / len(post_ids))
     assert metadata["mixture"] == expected.mixture
 

@@ -15,8 +15,8 @@ import numpy as np
 import pyarrow as pa
 
 from vidlabel.analyze import estimators, sampling, stats
-from vidlabel.analyze.sample_design import floor_warning
 from vidlabel.analyze.labels_db import float_array, query_rows, register_table
+from vidlabel.analyze.sample_design import floor_warning
 from vidlabel.analyze.summary_text import pct
 from vidlabel.core import duck
 
