@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -69,7 +70,8 @@ def poisson_draw(rng, pi: np.ndarray) -> np.ndarray:
 
 
 def uniform_ppi(truth: np.ndarray, f: np.ndarray, labelled: np.ndarray) -> dict[str, np.ndarray]:
-    """The aggregate's PPI++ moments (sql/ppi_moments.sql, the production query) for R datasets."""
+    """The aggregate's uniform-sample estimate (sql/ppi_moments.sql, the production query: the cross-fitted
+    PPI++ moments) for R datasets: estimate, imputed_var, rectifier_var, lambda."""
     reps, n_posts = truth.shape
     items = pa.table({
         "question": pa.array(np.repeat(np.arange(reps, dtype=np.int32), n_posts)),
@@ -78,8 +80,8 @@ def uniform_ppi(truth: np.ndarray, f: np.ndarray, labelled: np.ndarray) -> dict[
         "r": pa.array(np.where(labelled, 1.0, np.nan).ravel(), from_pandas=True),
     })
     moments = ppi_moments_from_items(items)
-    keys = ("estimate", "imputed_var", "rectifier_var", "lambda")
-    return {k: np.array([moments[i][k] for i in range(reps)], dtype=float) for k in keys}
+    keys = ("crossfit_estimate", "crossfit_imputed_var", "crossfit_rectifier_var", "crossfit_lambda")
+    return {k.removeprefix("crossfit_"): np.array([moments[i][k] for i in range(reps)], dtype=float) for k in keys}
 
 
 def covers(lo, hi, target) -> np.ndarray:
@@ -93,33 +95,56 @@ def reported(estimate, se, truth, f, labelled, human, confidence, pi=None):
     return r["lo"], r["hi"]
 
 
-def two_phase_sample(rng, truth: np.ndarray, p: np.ndarray, budget: int, burn_in_share: float, floor_share: float):
+class TwoPhaseSample(NamedTuple):
+    """label_sample's two-phase design on R datasets: burn_in, drawn, folds (R, N); pi_burn_in (R,); pi
+    (R, N); combination (R,); fold_combination (R, FOLDS); calibrated (R, N); mixture (R,)."""
+
+    burn_in: np.ndarray
+    drawn: np.ndarray
+    folds: np.ndarray
+    pi_burn_in: np.ndarray
+    pi: np.ndarray
+    combination: np.ndarray
+    fold_combination: np.ndarray
+    calibrated: np.ndarray
+    mixture: np.ndarray
+
+
+def two_phase_sample(rng, truth: np.ndarray, p: np.ndarray, budget: int, burn_in_share: float,
+                     floor_share: float) -> TwoPhaseSample:
     """label_sample's two-phase design on R datasets (arrays (R, N)): a uniform burn-in of
-    sampling.burn_in_size posts, then sampling.two_phase_design's draw. Returns (burn_in, drawn,
-    pi_burn_in (R,), pi (R, N), combination (R,), mixture (R,))."""
+    sampling.burn_in_size posts, then sampling.two_phase_design's draw; each post's fold at random, as
+    sampling.fold_of's hash of a post id gives it."""
     reps, n_posts = truth.shape
     burn = np.zeros((reps, n_posts), bool)
+    folds = rng.integers(0, sampling.FOLDS, (reps, n_posts))
     pi, calibrated = np.zeros((reps, n_posts)), np.zeros((reps, n_posts))
     pi_burn_in, combination, mixture = np.empty(reps), np.empty(reps), np.empty(reps)
+    fold_combination = np.empty((reps, sampling.FOLDS))
     for r in range(reps):
         n0 = sampling.burn_in_size(p[r], budget, burn_in_share)
         burn[r] = sampling.uniform_sample(n_posts, n0, int(rng.integers(2**32)))
-        design = sampling.two_phase_design(p[r], burn[r], truth[r][burn[r]], budget, floor_share)
+        design = sampling.two_phase_design(p[r], burn[r], truth[r][burn[r]], budget, floor_share, folds[r])
         pi[r], pi_burn_in[r], combination[r], mixture[r] = (design.pi, design.pi_burn_in, design.combination[0],
                                                              design.mixture)
+        fold_combination[r] = design.fold_combination[0]
         calibrated[r] = design.calibrated[:, 0]
-    return burn, poisson_draw(rng, pi), pi_burn_in, pi, combination, calibrated, mixture
+    return TwoPhaseSample(burn, poisson_draw(rng, pi), folds, pi_burn_in, pi, combination, fold_combination,
+                          calibrated, mixture)
 
 
-def two_phase_interval(truth, f, burn, drawn, pi_burn_in, pi, combination, calibrated, confidence):
+def two_phase_interval(truth, f, sample: TwoPhaseSample, confidence):
     """The two-phase estimate and its reported interval, as prevalence.py forms them."""
-    est = estimators.two_phase_mean(f, truth, burn, drawn, pi_burn_in, pi, combination, calibrated, confidence)
-    human = estimators.two_phase_share(truth, burn, drawn, pi_burn_in, pi, combination, confidence)
-    effective = estimators.two_phase_pi(burn, drawn, pi_burn_in, pi, combination)
-    lo, hi = reported(est["estimate"], est["se"], truth, f, burn | drawn, (human["lo"], human["hi"]), confidence,
-                      effective)
+    s = sample
+    est = estimators.two_phase_mean(f, truth, s.burn_in, s.drawn, s.pi_burn_in, s.pi, s.combination, s.calibrated,
+                                    confidence, s.folds, s.fold_combination)
+    human = estimators.two_phase_share(truth, s.burn_in, s.drawn, s.pi_burn_in, s.pi, s.combination, confidence,
+                                       s.folds, s.fold_combination)
+    effective = estimators.two_phase_pi(s.burn_in, s.drawn, s.pi_burn_in, s.pi, est["combination"])
+    lo, hi = reported(est["estimate"], est["se"], truth, f, s.burn_in | s.drawn, (human["lo"], human["hi"]),
+                      confidence, effective)
     return est, lo, hi
 
 
 __all__ = ["population", "simple_random_sample", "active_design", "score_design", "poisson_draw", "uniform_ppi",
-           "covers", "reported", "two_phase_sample", "two_phase_interval", "estimators", "stats", "sampling"]
+           "covers", "reported", "TwoPhaseSample", "two_phase_sample", "two_phase_interval", "estimators", "stats", "sampling"]

@@ -16,7 +16,8 @@ by the design (estimators.weighted_agreement). A share ``--fail-share`` of B's a
 among the posts B is least sure about; a failure counts as a wrong answer.
 Prints, per design and method, the mean and sd of F1(A) - F1(B) minus its population value (the bias),
 the coverage of each model's F1 interval and of the other metrics' intervals (truth: the metric over
-all N posts), and how often compare's verdict (non-overlapping F1 intervals) names a better model.
+all N posts), and how often compare's verdict (the interval of the paired F1 difference,
+estimators.paired_difference, excludes 0) names a better model, with that interval's coverage.
 """
 
 from __future__ import annotations
@@ -84,10 +85,12 @@ def main() -> None:
         pi = active_design(p_a[None], args.labels, args.floor_share)[0]
         drawn = poisson_draw(rng, pi)
         samples["active"] = (drawn, estimators.poisson_design(pi[drawn]))
-        burn, second, pi0, pi2, weight, _, _ = two_phase_sample(rng, truth[None].astype(float), p_a[None], args.labels,
-                                                                args.burn_in_share, args.second_floor_share)
-        drawn = burn[0] | second[0]
-        samples["two_phase"] = (drawn, estimators.two_phase_weights(burn[0][drawn], pi0[0], pi2[0][drawn], weight[0]))
+        two = two_phase_sample(rng, truth[None].astype(float), p_a[None], args.labels, args.burn_in_share,
+                               args.second_floor_share)
+        burn = two.burn_in[0]
+        drawn = burn | two.drawn[0]
+        samples["two_phase"] = (drawn, estimators.two_phase_weights(burn[drawn], two.pi_burn_in[0], two.pi[0][drawn],
+                                                                    two.combination[0]))
         for design, (drawn, weights) in samples.items():
             for method in (("counts",) if design == "uniform" else ("unweighted", "weighted")):
                 results = {}
@@ -108,20 +111,25 @@ def main() -> None:
                         r = results[name]
                         if np.isfinite(r[m + "_lo"]):
                             cell.setdefault(f"cov_{m}", []).append(r[m + "_lo"] <= pop[name][m] <= r[m + "_hi"])
-                a, b = results["A"], results["B"]
-                cell.setdefault("verdict", []).append(a["f1_lo"] > b["f1_hi"] or b["f1_lo"] > a["f1_hi"])
+                # compare's verdict: the paired difference on the same labelled posts, the same design weights
+                design_weights = weights if method == "weighted" else estimators.srs_design(int(np.sum(drawn)))
+                paired = estimators.paired_difference(cells_a[drawn], cells_b[drawn], design_weights, CONFIDENCE,
+                                                      args.bootstrap, seed=rep * 7 + 2)["f1"]
+                cell.setdefault("verdict", []).append(paired["lo"] > 0 or paired["hi"] < 0)
+                cell.setdefault("cov_paired", []).append(paired["lo"] <= pop["A"]["f1"] - pop["B"]["f1"] <= paired["hi"])
     print(f"reps {args.reps}, N {args.posts:,}, {args.labels} labels, prevalence {args.prevalence}, mu {args.mu} "
           f"(accuracy of each model {np.mean(accuracy):.3f}), floor share {args.floor_share}, failures of B "
           f"{args.fail_share:.0%}, {args.bootstrap} bootstrap replicates, seed {args.seed}; {time.time() - started:.0f} s")
     print()
     print("| design | agreement | labels (mean) | F1(A) - F1(B): bias | sd | coverage F1 (A and B) | coverage accuracy / "
-          "precision / recall / kappa | verdict names a better model |")
-    print("|---|---|---|---|---|---|---|---|")
+          "precision / recall / kappa | paired F1(A) - F1(B): coverage | verdict names a better model |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for (design, method), c in out.items():
         diff = np.array(c["diff"])
         others = " / ".join(f"{np.mean(c['cov_' + m]):.3f}" for m in ("accuracy", "precision", "recall", "kappa"))
         print(f"| {design} | {method} | {np.mean(c['labels']):.0f} | {diff.mean():+.4f} (± {diff.std() / np.sqrt(diff.size):.4f}) | "
-              f"{diff.std():.4f} | {np.mean(c['cov_f1']):.3f} | {others} | {np.mean(c['verdict']):.1%} |")
+              f"{diff.std():.4f} | {np.mean(c['cov_f1']):.3f} | {others} | {np.mean(c['cov_paired']):.3f} | "
+              f"{np.mean(c['verdict']):.1%} |")
 
 
 if __name__ == "__main__":

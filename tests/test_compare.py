@@ -263,10 +263,18 @@ def test_compare_two_models_every_file_checked(world):
         r = rows[(name, "promotes_product")]
         assert f"F1 {_f(r['f1']):.2f} [{_f(r['f1_lo']):.2f}, {_f(r['f1_hi']):.2f}]" in md
         assert f"**{name}**" in md
-    overlap = (_f(rows[(LAX, "promotes_product")]["f1_lo"]) <= _f(rows[(STRICT, "promotes_product")]["f1_hi"])
-               and _f(rows[(STRICT, "promotes_product")]["f1_lo"]) <= _f(rows[(LAX, "promotes_product")]["f1_hi"]))
-    assert ("their F1 intervals overlap: this human sample cannot tell them apart" in md) == overlap
-    assert ("F1 interval lies above" in md) == (not overlap)
+    # the paired comparison: both F1s on the same labelled posts, the verdict from the difference's interval
+    paired = {p["question"]: p for p in _read_csv(out / "model_agreement.csv")}["promotes_product"]
+    for name, side in ((LAX, "a"), (STRICT, "b")):
+        assert _f(paired[f"f1_{side}"]) == pytest.approx(_f(rows[(name, "promotes_product")]["f1"]), abs=1e-12)
+    assert int(paired["paired_n"]) == len(labels) and paired["paired_design"] == "uniform"
+    lo, hi = _f(paired["f1_difference_lo"]), _f(paired["f1_difference_hi"])
+    assert _f(paired["f1_difference"]) == pytest.approx(_f(paired["f1_a"]) - _f(paired["f1_b"]))
+    assert lo <= _f(paired["f1_difference"]) <= hi
+    assert paired["f1_verdict"] == ("a_better" if lo > 0 else "b_better" if hi < 0 else "cannot_tell")
+    assert (f"{LAX} - {STRICT} of {_f(paired['f1_difference']):+.3f} [{lo:+.3f}, {hi:+.3f}]" in md
+            or f"{LAX} - {STRICT} is {_f(paired['f1_difference']):+.3f} [{lo:+.3f}, {hi:+.3f}]" in md)
+    assert ("agrees better with the human labels" in md) == (paired["f1_verdict"] != "cannot_tell")
     ratio = _f(rows[(STRICT, "promotes_product")]["cost_usd"]) / _f(rows[(LAX, "promotes_product")]["cost_usd"])
     assert f"{ratio:.1f} x the cost" in md
     assert f"WARNING: {STRICT}'s answers come from 2 different servers or settings" in md
@@ -397,8 +405,10 @@ def test_compare_refuses_inputs_that_do_not_fit(world):
     assert not (world["dir"] / "compare" / "models.csv").exists()
 
 
-def test_compare_never_calls_a_model_better_when_the_f1_intervals_overlap(world):
-    """Two models with the same error rates: their F1 intervals overlap, and compare.md says so."""
+def test_compare_never_calls_a_model_better_when_the_paired_difference_holds_0(world):
+    """Two models with the same error rates: the paired F1 difference's interval holds 0, compare.md says the
+    labels cannot tell them apart and how large a difference they could detect; "as good as" only with an
+    equivalence margin the interval lies inside."""
     human, labels = _human(world)
     a = _aggregate(_model(world, LAX, yes_if_true=0.85, yes_if_false=0.15), human)
     b = _aggregate(_model(world, STRICT, yes_if_true=0.85, yes_if_false=0.15, seconds=6.0), human)
@@ -407,14 +417,25 @@ def test_compare_never_calls_a_model_better_when_the_f1_intervals_overlap(world)
     for model in (a, b):  # the F1 in models.csv is this model's, recomputed
         tp, fp, fn, tn = _confusion(model, labels)
         assert _f(rows[model["name"]]["f1"]) == pytest.approx(2 * tp / (2 * tp + fp + fn))
-    fa, fb = rows[LAX], rows[STRICT]
-    assert _f(fa["f1_lo"]) <= _f(fb["f1_hi"]) and _f(fb["f1_lo"]) <= _f(fa["f1_hi"])
+    paired = {p["question"]: p for p in _read_csv(out / "model_agreement.csv")}["promotes_product"]
+    lo, hi, reach = (_f(paired[k]) for k in ("f1_difference_lo", "f1_difference_hi", "f1_detectable"))
+    assert lo < 0 < hi and paired["f1_verdict"] == "cannot_tell" and int(paired["paired_discordant"]) > 10
+    # the smallest detectable difference: (1.96 + 0.84) bootstrap SDs, about half the interval's width again
+    assert 0.5 * (hi - lo) < reach < 2 * (hi - lo)
     md = (out / "compare.md").read_text()
-    assert (f"{LAX} and {STRICT}: their F1 intervals overlap: this human sample cannot tell them apart on this "
-            "question.") in md
-    assert "lies above" not in md and "agrees better" not in md
-    ratio = _f(fb["cost_usd"]) / _f(fa["cost_usd"])
-    assert ratio == pytest.approx(3.0, rel=0.05) and f"{ratio:.1f} x the cost" in md
+    assert (f"{LAX} and {STRICT}: these labels cannot tell the two apart on this question" in md
+            and f"would detect a difference of about ±{reach:.3f}" in md
+            and "no equivalence margin is set (compare.equivalence_margin)" in md)
+    assert "agrees better" not in md and "as good as each other on F1" not in md
+    ratio = _f(rows[STRICT]["cost_usd"]) / _f(rows[LAX]["cost_usd"])
+    assert ratio == pytest.approx(3.0, rel=0.05)
+    # an equivalence margin the interval lies inside: as good as each other; a narrower one: still cannot tell
+    wide, narrow = max(-lo, hi) * 1.01, max(-lo, hi) * 0.5
+    for margin, said in ((wide, True), (narrow, False)):
+        cfg = vconfig.validate({**_config(), "compare": {"equivalence_margin": margin}})
+        md = (_compare(world, [a, b], human, cfg) / "compare.md").read_text()
+        assert (f"as good as each other on F1 within the equivalence margin ±{margin:g}" in md) == said
+        assert (f"reaches beyond the equivalence margin ±{margin:g}" in md) == (not said)
 
 
 def test_compare_draws_a_placeholder_when_nothing_can_be_drawn(world, monkeypatch):
@@ -458,3 +479,4 @@ def test_a_model_that_fails_on_the_posts_it_would_get_wrong_is_not_flattered(wor
     md = (out / "compare.md").read_text()
     assert f"the {wrong_labelled:,} it gave no answer for counted as wrong answers" in md
     assert "agrees better" not in md
+    assert f"{LAX} and {STRICT} fall in the same cell of the human comparison on each of the" in md

@@ -39,7 +39,7 @@ def _config(tmp_path, **label_sample):
     return load(config_path, overrides)
 
 
-def _results(tmp_path, n_ok=300, n_error=12, n_excluded=5, probabilities=True, seed=0):
+def _results(tmp_path, n_ok=300, n_error=12, n_excluded=5, probabilities=True, seed=0, beta=(0.4, 0.6)):
     """labels.parquet (ok posts with answer_probs, failed and excluded posts) and two manifest shards.
     Returns (labels path, manifest paths, {post_id: (P(yes) per question or None)})."""
     rng = np.random.default_rng(seed)
@@ -51,7 +51,7 @@ def _results(tmp_path, n_ok=300, n_error=12, n_excluded=5, probabilities=True, s
         status = "ok" if i < n_ok else "error" if i < n_ok + n_error else "excluded"
         row = {"post_id": post_id, "status": status, "answer_probs": None}
         if status == "ok":
-            p = rng.beta(0.4, 0.6, size=len(IDS))
+            p = rng.beta(*beta, size=len(IDS))
             row.update({qid: "yes" if p_q > 0.5 else "no" for qid, p_q in zip(IDS, p)})
             row["answer_probs"] = json.dumps({qid: {"yes": float(p_q), "no": float(1 - p_q)} for qid, p_q in zip(IDS, p)})
             truth[post_id] = p
@@ -299,7 +299,8 @@ def test_second_draw_after_a_burn_in_follows_the_two_phase_design_on_resolved_la
     assert resolved[(adjudicated, "sales_interaction")] == (1.0 if flip[first[(adjudicated, "sales_interaction")]]
                                                              == "yes" else 0.0)
     y = np.array([[resolved[(p, q)] for q in IDS] for p in post_ids if p in coded])
-    expected = sampling.two_phase_design(_model_p_yes(truth, post_ids), mask, y, 85, FLOOR_SHARE_SECOND_PHASE)
+    expected = sampling.two_phase_design(_model_p_yes(truth, post_ids), mask, y, 85, FLOOR_SHARE_SECOND_PHASE,
+                                         sampling.fold_of(post_ids))
     pi = np.array([r["pi"] for r in design])
     np.testing.assert_allclose(pi, np.where(mask, len(coded) / len(post_ids), expected.pi))
     assert expected.pi[~mask].sum() == pytest.approx(85 - len(coded)) and np.all(expected.pi[mask] == 0)
@@ -315,6 +316,10 @@ def test_second_draw_after_a_burn_in_follows_the_two_phase_design_on_resolved_la
     _, metadata = sample_design.read_design(outputs["design"])
     assert metadata["phase"] == 2 and metadata["burn_in_posts"] == len(coded) and metadata["burn_in_path"] == str(burn_in)
     assert metadata["combination"] == pytest.approx(dict(zip(IDS, expected.combination)))
+    # the weights chosen without each fold's labels (the burn-in cut by a hash of the post id)
+    for qid, weights in zip(IDS, expected.fold_combination):
+        assert metadata["fold_combination"][qid] == pytest.approx(list(weights))
+    assert all(len(w) == sampling.FOLDS and all(0 < a < 1 for a in w) for w in metadata["fold_combination"].values())
     assert metadata["pi_burn_in"] == pytest.approx(len(coded) / len(post_ids))
     assert metadata["mixture"] == expected.mixture
 
@@ -707,3 +712,41 @@ def test_posts_classified_after_the_draw_are_estimated_apart(tmp_path):
     aggregate.run(config, labels, human, tmp_path / "plain")
     plain = {r["question"]: r for r in _read_csv(tmp_path / "plain" / "prevalence.csv")}["promotes_product"]
     assert int(plain["ppi_population"]) == 351 and plain["outside_frame"] == ""
+
+
+def test_active_design_is_switched_to_uniform_where_its_coverage_cannot_be_promised(tmp_path, caplog):
+    """A rare question (the model's mean P(yes) about 0.03): a uniform sample of 60 labels expects about 2
+    positives, where an active draw on unchecked probabilities covered as little as 0.75. label_sample draws a
+    uniform sample instead and says why, in the log and in design.parquet's description."""
+    labels, manifest, truth = _results(tmp_path, beta=(0.05, 1.5))
+    outputs = _outputs(tmp_path)
+    with caplog.at_level("WARNING"):
+        run(_config(tmp_path, budget=60, design="active"), labels, manifest, None, outputs)
+    _, metadata = sample_design.read_design(outputs["design"])
+    assert metadata["design"] == "uniform" and metadata["requested_design"] == "active"
+    assert "promotes_product" in metadata["switched_because"] and "fewer than 10 positives" in metadata["switched_because"]
+    assert "label_sample.design active switched to a uniform draw" in caplog.text
+    # summary.md's description of the design says so
+    assert "label_sample.design active was asked for and switched to this draw" in sample_design.describe(metadata)
+    pi = [r["pi"] for r in pq.read_table(outputs["design"]).to_pylist()]
+    assert np.ptp(pi) < 1e-12 and pi[0] == pytest.approx(60 / len(pi))
+    # where the budget expects enough positives the active design is drawn as asked
+    assert sampling.active_design_refusal(np.full((1000, 1), 0.03), 400) is None
+    assert sampling.active_design_refusal(np.full((1000, 1), 0.97), 300) is not None  # rare "no" counts too
+
+
+def test_floor_share_zero_is_refused_and_a_low_one_warned_about(tmp_path, caplog):
+    from vidlabel.core.config import ConfigError
+
+    with pytest.raises(ConfigError, match="label_sample.floor_share"):
+        _config(tmp_path, floor_share=0)
+    labels, manifest, _ = _results(tmp_path)
+    outputs = _outputs(tmp_path)
+    with caplog.at_level("WARNING"):
+        run(_config(tmp_path, budget=50, design="active", floor_share=0.1), labels, manifest, None, outputs)
+    assert "label_sample.floor_share' 0.1 is below the 0.4" in caplog.text
+    _, metadata = sample_design.read_design(outputs["design"])
+    warning = sample_design.floor_warning(metadata)
+    assert warning.startswith("WARNING: the human sample was drawn with label_sample.floor_share 0.1, below the 0.4")
+    assert sample_design.floor_warning({**metadata, "floor_share": 0.4}) is None
+    assert sample_design.floor_warning({"design": "two_phase", "floor_share": 0.1}) is not None

@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from stats_helpers import crossfit_ppi
 
 from vidlabel.analyze import aggregate, agreement, humans, merge, stats
 from vidlabel.core import config as vconfig
@@ -212,7 +213,7 @@ def test_aggregate_every_file_checked(fabricated):
     y = np.array([h["y"] for h in usable])
     assert int(p["human_n"]) == len(usable) and _f(p["human_share"]) == pytest.approx(y.mean())
     assert _f(p["human_yes"]) == y.sum() == int(y.sum()) + 0.5
-    assert p["human_ci_method"] == "Wilson" and p["design"] == "uniform" and p["corrected_method"] == "PPI++"
+    assert p["human_ci_method"] == "Wilson" and p["design"] == "uniform" and p["corrected_method"].startswith("PPI++")
     by_id = {r["post_id"]: r for r in classified}
     share = _f(p["model_share"])
 
@@ -222,16 +223,16 @@ def test_aggregate_every_file_checked(fabricated):
 
     yhat = np.array([pred(by_id[h["post_id"]]) for h in usable])
     yhat_all = np.array([pred(r) for r in classified])
-    import ppi_py
-    est = float(np.ravel(ppi_py.ppi_mean_pointestimate(y, yhat, yhat_all))[0])
-    lo, hi = (float(np.ravel(v)[0]) for v in ppi_py.ppi_mean_ci(y, yhat, yhat_all, alpha=0.05))
+    # the SQL's PPI++ moments agree with ppi_py's (the cross-check adds a note when they do not)
+    assert "ppi_py disagree" not in p["note"]
+    # the reported estimate: PPI++ with lambda cross-fitted, each label corrected with the lambda of the others
+    est, se = crossfit_ppi(y, yhat, yhat_all)
     assert abs(_f(p["corrected"]) - est) < 1e-9
-    # the reported interval: ppi_py's standard error with a t quantile on the events (fewest of
+    # the reported interval: that standard error with a t quantile on the events (fewest of
     # labelled yes, labelled no, disagreement mass), here well above stats.MIN_EVENTS
     from scipy.stats import t as student_t
     events = min(y.sum(), len(y) - y.sum(), np.abs(y - yhat).sum())
     assert _f(p["events"]) == pytest.approx(events) and events >= 10
-    se = (hi - lo) / 2 / 1.959963984540054
     q = student_t.ppf(0.975, events - 1)
     assert _f(p["corrected_se"]) == pytest.approx(se, rel=1e-9)
     assert abs(_f(p["corrected_lo"]) - max(est - q * se, 0)) < 1e-9
@@ -361,12 +362,21 @@ def test_aggregate_weighted_human_labels_parquet(fabricated):
     yy = np.array([by_post.get(r["post_id"], (0.0, 1.0))[0] for r in rows])
     pi = np.array([by_post.get(r["post_id"], (0.0, 1.0))[1] for r in rows])
     a, b1, b0 = yy * xi / pi, fhat * (1 - xi / pi), 1 - xi / pi
-    _, lam, mu = np.linalg.lstsq(np.c_[np.ones(len(a)), b1, b0], -a, rcond=None)[0]
+    design = np.c_[np.ones(len(a)), b1, b0]
+    _, lam, mu = np.linalg.lstsq(design, -a, rcond=None)[0]
     assert 0 < lam < 1
-    z = lam * fhat + mu + (yy - lam * fhat - mu) * xi / pi
-    assert _f(p["lambda"]) == pytest.approx(lam, abs=1e-9)
+    assert _f(p["lambda"]) == pytest.approx(lam, abs=1e-9)  # the full fit is the one quoted
+    # cross-fitted: post i's z takes the (lambda, mu) fitted on every other post
+    z = np.empty(len(a))
+    for i in range(len(a)):
+        others = np.arange(len(a)) != i
+        _, lam_i, mu_i = np.linalg.lstsq(design[others], -a[others], rcond=None)[0]
+        assert 0 < lam_i < 1
+        z[i] = lam_i * fhat[i] + mu_i + (yy[i] - lam_i * fhat[i] - mu_i) * xi[i] / pi[i]
     assert _f(p["corrected"]) == pytest.approx(z.mean(), abs=1e-12)
     assert _f(p["corrected_se"]) == pytest.approx(z.std(ddof=1) / np.sqrt(len(z)), rel=1e-9)
+    # these labels stand for sum 1/pi = about 400 posts of the 590 classified, with no design file
+    assert "WARNING: the human labels stand for about" in p["note"] and "human_design" in p["note"]
     assert int(p["ppi_population"]) == 590 and int(p["ppi_labelled"]) == len(usable)
     assert _f(p["corrected_lo"]) < _f(p["corrected"]) < _f(p["corrected_hi"])
     assert _f(p["uniform_halfwidth"]) > 0
@@ -594,8 +604,7 @@ def test_aggregate_uses_answer_probs_as_prediction(tmp_path):
     fhat = p_yes.copy()  # renormalised over yes + no
     fhat[:2] = [float(answers[i]["promotes_product"] == "yes") for i in range(2)]
     y = truth[labelled].astype(float)
-    import ppi_py
-    est = float(np.ravel(ppi_py.ppi_mean_pointestimate(y, fhat[labelled], fhat))[0])
+    est, _ = crossfit_ppi(y, fhat[labelled], fhat)
     assert _f(prev["promotes_product"]["corrected"]) == pytest.approx(est, abs=1e-9)
     assert prev["promotes_product"]["note"] == ""  # SQL and ppi_py agree on the soft predictions too
 
@@ -679,3 +688,39 @@ def test_records_re_dealt_to_other_shards_keep_the_busy_time_of_the_jobs_that_ma
     assert _f(four["all"]["gpu_hours"]) == pytest.approx(_f(three["all"]["gpu_hours"]))
     assert sorted(k for k in four if k != "all") == sorted(k for k in three if k != "all")  # the same three jobs
     assert {four[k]["shard"] for k in four if k != "all"} == {"0", "1", "2"}  # each job's own shard
+
+
+def test_aggregate_refuses_a_census_of_the_labelled_posts_only(tmp_path):
+    """Every labelled post drawn with probability 1 while the other classified posts were not labelled:
+    each label stands for itself only (a zero-width Hajek "census"), so no share is claimed for all posts."""
+    rng = np.random.default_rng(3)
+    answers = [{"promotes_product": "yes" if rng.random() < 0.3 else "no", "shows_face": "no"} for _ in range(300)]
+    human = [{"post_id": f"p{i:05d}", "question": "promotes_product", "label": "yes" if i % 3 == 0 else "no",
+              "sampling_probability": 1} for i in range(60)]
+    prev, md, _ = _run(tmp_path, answers, human)
+    p = prev["promotes_product"]
+    assert p["human_share"] == "" and p["corrected"] == "" and int(p["human_n"]) == 60
+    assert "every one of the 60 labelled post(s) was drawn with sampling probability 1" in p["note"]
+    assert "240 classified post(s) were not labelled" in p["note"] and "WARNING" in md
+    # the same labels as a uniform sample of 60 of the 300 (probability 0.2) give both shares, and no warning
+    uniform = [dict(h, sampling_probability=0.2) for h in human]
+    (tmp_path / "uniform").mkdir()
+    prev, _, _ = _run(tmp_path / "uniform", answers, uniform)
+    assert _f(prev["promotes_product"]["corrected"]) > 0 and "WARNING" not in prev["promotes_product"]["note"]
+
+
+def test_aggregate_warns_when_posts_were_classified_after_the_draw_without_the_design(tmp_path):
+    """A uniform sample of 100 of the first 500 posts (probability 0.2), 900 posts classified now and no
+    human_design: the labels stand for about 500 posts, the shares would speak for all 900."""
+    rng = np.random.default_rng(4)
+    answers = [{"promotes_product": "yes" if rng.random() < 0.3 else "no", "shows_face": "no"} for _ in range(900)]
+    human = [{"post_id": f"p{i:05d}", "question": "promotes_product", "label": "yes" if i % 4 == 0 else "no",
+              "sampling_probability": 0.2} for i in rng.choice(500, 100, replace=False)]
+    prev, md, _ = _run(tmp_path, answers, human)
+    note = prev["promotes_product"]["note"]
+    assert "WARNING: the human labels stand for about 500 posts" in note and "900 posts are classified" in note
+    assert "human_design" in note and "WARNING: the human labels stand for about 500 posts" in md
+    # the same sample when nothing was classified since: no warning
+    (tmp_path / "same").mkdir()
+    prev, _, _ = _run(tmp_path / "same", answers[:500], human)
+    assert "stand for about" not in prev["promotes_product"]["note"]

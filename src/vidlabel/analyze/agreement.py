@@ -48,13 +48,7 @@ def agreement(con, ids: Sequence[str], confidence: float, bootstrap_samples: int
         cells = cells_all[compared].astype(int)
         pi, phase = probability_all[compared], phase_all[compared]
         seed = zlib.crc32(qid.encode())  # reproducible intervals, different per question
-        design = "two_phase" if (phase == 2).any() else "weighted" if pi.size and np.ptp(pi) > 1e-12 else "uniform"
-        if design == "two_phase":
-            sample = human["sample_design"]
-            weights = estimators.two_phase_weights(phase == 1, float(sample["pi_burn_in"]), pi,
-                                                   float(sample["combination"][qid]))
-        elif design == "weighted":
-            weights = estimators.poisson_design(pi)
+        design, weights = label_design(qid, pi, phase, human)
         if design == "uniform":
             counts = np.bincount(cells, minlength=4)
             result = stats.agreement(*(int(c) for c in counts), confidence, bootstrap_samples, seed)
@@ -70,3 +64,16 @@ def agreement(con, ids: Sequence[str], confidence: float, bootstrap_samples: int
                      "ci_method": uniform_method if design == "uniform" else weighted_method,
                      "note": "; ".join(notes)})
     return rows
+
+
+def label_design(qid: str, pi: np.ndarray, phase: np.ndarray, human: dict[str, Any]) -> tuple[str, estimators.Design]:
+    """The design of one question's labelled posts (their sampling probabilities ``pi`` and ``phase``, in
+    sql/agreement_cells.sql's order): "two_phase" when a label comes from a second draw, "weighted" when
+    the probabilities vary, else "uniform" (a simple random sample), with each post's weights."""
+    if (phase == 2).any():
+        sample = human["sample_design"]
+        return "two_phase", estimators.two_phase_weights(phase == 1, float(sample["pi_burn_in"]), pi,
+                                                         float(sample["combination"][qid]))
+    if pi.size and np.ptp(pi) > 1e-12:
+        return "weighted", estimators.poisson_design(pi)
+    return "uniform", estimators.srs_design(pi.size)

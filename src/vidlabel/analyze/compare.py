@@ -5,7 +5,8 @@ Each model was merged and aggregated on its own (``vidlabel.analyze.aggregate``)
 from that model's summary, so it reads the same in both places. What only the models together give
 is added: agreement between each pair of models, the posts they disagree on (a list a person can
 open), a plot of each model's prevalence and a summary in plain words of which model reaches what,
-at what cost. A model is called better than another only when their intervals do not overlap.
+at what cost. A model is called better than another only when the interval of their paired difference
+(the same labelled posts, the same design weights) excludes 0 (``paired_differences``).
 
 Everything that scales with the posts runs in DuckDB (``sql/compare_*.sql``, and the aggregate's
 ``answers_long`` and ``prevalence_model``); Python handles per-question statistics and text.
@@ -22,9 +23,11 @@ import zlib
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
 import pyarrow as pa
 
-from vidlabel.analyze import plots, stats
+from vidlabel.analyze import estimators, plots, stats
+from vidlabel.analyze.agreement import label_design
 from vidlabel.analyze.compare_text import compare_markdown, parsed_row, to_float
 from vidlabel.analyze.humans import load_human_labels
 from vidlabel.analyze.labels_db import (
@@ -58,11 +61,23 @@ AGREEMENT_FIELDS = {"agreement_design": "design", "agreement_n": "n", "agreement
 THROUGHPUT_FIELDS = ("requests", "input_tokens", "output_tokens", "busy_s", "gpu_hours", "cost_usd")
 PAIR_COUNTS = ["both_answered", "both_yes", "only_a_yes", "only_b_yes", "both_no", "only_a_answered",
                "only_b_answered"]
+# Per pair and question, the paired comparison on the same labelled posts (``paired_differences``): for each
+# metric of estimators.PAIRED_METRICS each model's estimate, A - B with its interval, the smallest difference
+# the labels can detect and the verdict (VERDICTS).
+PAIRED_COLUMNS = ["paired_n", "paired_discordant", "paired_design", "equivalence_margin"] + [
+    f"{m}_{k}" for m in estimators.PAIRED_METRICS
+    for k in ("a", "b", "difference", "difference_lo", "difference_hi", "detectable", "verdict")]
 MODEL_AGREEMENT_COLUMNS = [
     "question", "model_a", "model_b", *PAIR_COUNTS, "agreement", "agreement_lo", "agreement_hi",
-    "kappa", "kappa_lo", "kappa_hi", "a_yes_share", "b_yes_share", "yes_share_difference", "confidence",
-    "ci_method", "note",
+    "kappa", "kappa_lo", "kappa_hi", "a_yes_share", "b_yes_share", "yes_share_difference", *PAIRED_COLUMNS,
+    "confidence", "ci_method", "note",
 ]
+# The verdict on one metric from the interval of the paired difference A - B (a metric of which lower is
+# better, the prevalence error, reversed): A better, B better, as good as each other within the equivalence
+# margin, or the labels cannot tell.
+VERDICTS = ("a_better", "b_better", "equivalent", "cannot_tell", "no_labels")
+# Each model's cell (sql/agreement_cells.sql) on the labelled posts of a question.
+ONE_MODEL_CELLS = "SELECT question, post_id, probability, phase, cell FROM ({cells}) WHERE cell IS NOT NULL"
 # Rows of disagreements.csv shown in compare.md; the file holds them all.
 DISAGREEMENTS_SHOWN = 20
 SUMMARY_FILES = ("prevalence.csv", "agreement.csv", "throughput.csv")
@@ -125,7 +140,14 @@ def run(config: dict[str, Any], models: list[tuple[str, str, str]], inventory_pa
     _check_human_counts(con, described, ids, human_labels_path)
 
     model_rows = models_table(described, ids, confidence)
-    pair_rows = model_agreement(con, confidence, int(config["stats"]["bootstrap_samples"]))
+    samples = int(config["stats"]["bootstrap_samples"])
+    pair_rows = model_agreement(con, confidence, samples)
+    margin = config.get("compare", {}).get("equivalence_margin")
+    paired = paired_differences(con, described, human, confidence, samples, margin)
+    for row in pair_rows:
+        row.update(paired.get((row["question"], row["model_a"], row["model_b"]),
+                              {"paired_n": 0, "equivalence_margin": margin,
+                               **{f"{m}_verdict": "no_labels" for m in estimators.PAIRED_METRICS}}))
     write_csv(compare_dir / "models.csv", MODELS_COLUMNS, model_rows)
     write_csv(compare_dir / "model_agreement.csv", MODEL_AGREEMENT_COLUMNS, pair_rows)
     disagreements = write_disagreements(con, names, compare_dir / "disagreements.csv")
@@ -280,6 +302,64 @@ def model_agreement(con, confidence: float, bootstrap_samples: int) -> list[dict
                            f"+{stats.EMPTY_CELL_PSEUDOCOUNT}")
         rows.append(row)
     return rows
+
+
+def paired_differences(con, described: Sequence[dict], human: dict | None, confidence: float, samples: int,
+                       margin: float | None) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """Each pair of models on the same human-labelled posts, per question: the design-weighted paired
+    difference of every metric of estimators.PAIRED_METRICS (``estimators.paired_difference``, the design's
+    replicate weights shared by both models) and the verdict (``verdict``). Keyed by (question, model A,
+    model B); empty without human labels. A post a model gave no answer for is its wrong answer, as in each
+    model's agreement.csv (sql/agreement_cells.sql); tied human labels are left out."""
+    if not human:
+        return {}
+    per_model = []
+    for d in described:
+        con.execute(ONE_MODEL_ANSWERS.format(position=d["position"]))
+        per_model.append(con.execute(ONE_MODEL_CELLS.format(cells=duck.sql("agreement_cells"))).fetchnumpy())
+    first = per_model[0]
+    for d, cells in zip(described, per_model):
+        if list(cells["post_id"]) != list(first["post_id"]):  # the post sets were checked equal: a bug if reached
+            raise CompareError(f"model {d['name']}: its labelled posts differ from {described[0]['name']}'s")
+    questions = np.asarray(first["question"], dtype=object)
+    pi = np.asarray(first["probability"], dtype=float)
+    pi = np.where(np.isfinite(pi), pi, 1.0)
+    phase = np.asarray(first["phase"], dtype=float)
+    out = {}
+    for qid in dict.fromkeys(questions.tolist()):
+        mine = questions == qid
+        design_name, design = label_design(qid, pi[mine], phase[mine], human)
+        for i, a in enumerate(described):
+            for j in range(i + 1, len(described)):
+                b = described[j]
+                seed = zlib.crc32(f"paired|{qid}|{a['name']}|{b['name']}".encode())
+                result = estimators.paired_difference(np.asarray(per_model[i]["cell"])[mine].astype(int),
+                                                      np.asarray(per_model[j]["cell"])[mine].astype(int), design,
+                                                      confidence, samples, seed)
+                discordant = result["f1"]["discordant"]
+                row: dict[str, Any] = {"paired_n": int(mine.sum()), "paired_discordant": discordant,
+                                       "paired_design": design_name, "equivalence_margin": margin}
+                for metric, r in result.items():
+                    row.update({f"{metric}_{k}": r[k] for k in ("a", "b", "difference", "detectable")})
+                    row[f"{metric}_difference_lo"], row[f"{metric}_difference_hi"] = r["lo"], r["hi"]
+                    # no post tells them apart: a zero-width interval that would read as "as good as"
+                    row[f"{metric}_verdict"] = (verdict(r["lo"], r["hi"], margin, metric == "prevalence_error")
+                                                if discordant else "cannot_tell")
+                out[(qid, a["name"], b["name"])] = row
+    return out
+
+
+def verdict(lo: float, hi: float, margin: float | None, lower_is_better: bool = False) -> str:
+    """One of VERDICTS from the interval [lo, hi] of the paired difference A - B: a model is better only when
+    the interval excludes 0; as good as each other only when it lies inside +-``margin`` (set by the user
+    before the results, config compare.equivalence_margin); otherwise the labels cannot tell."""
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return "no_labels"
+    if lo > 0 or hi < 0:
+        return ("b_better" if lo > 0 else "a_better") if lower_is_better else ("a_better" if lo > 0 else "b_better")
+    if margin is not None and -margin < lo and hi < margin:
+        return "equivalent"
+    return "cannot_tell"
 
 
 def write_disagreements(con, names: Sequence[str], path: Path) -> dict[str, Any]:

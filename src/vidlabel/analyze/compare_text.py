@@ -1,5 +1,7 @@
 """compare.md: the models side by side in sentences, per question, with the verdict rule (a model is
-called better only when its F1 interval lies above the other's), costs and the first disagreements."""
+called better only when the interval of the paired difference, on the same labelled posts under the same
+design weights, excludes 0; as good as the other only inside the equivalence margin the user set), costs
+and the first disagreements."""
 
 from __future__ import annotations
 
@@ -58,14 +60,6 @@ def _cost_text(r: dict) -> str:
     return f"{_sig(r['gpu_hours'])} GPU-hours (${_sig(r['cost_usd'])})"
 
 
-def _overlap(a: dict, b: dict, key: str) -> bool | None:
-    """Whether the intervals of ``key`` overlap; None when one is not available."""
-    lo_a, hi_a, lo_b, hi_b = (r[key + s] for r in (a, b) for s in ("_lo", "_hi"))
-    if not all(_finite(x) for x in (lo_a, hi_a, lo_b, hi_b)):
-        return None
-    return lo_a <= hi_b and lo_b <= hi_a
-
-
 def _cost_ratio(r: dict, cheapest: dict | None) -> float:
     if cheapest is None or r is cheapest or not _finite(r["cost_usd"]) or not cheapest["cost_usd"] > 0:
         return math.nan
@@ -116,7 +110,7 @@ def _question_section(qid: str, rows: list[dict], pairs: list[dict], disagreemen
             parts.append(part)
         if len(parts) > 1:
             out.append("- What each model reaches, at what cost: " + "; ".join(parts) + ".")
-        out += [f"- {sentence}" for sentence in _verdicts(rows, cheapest)]
+        out += [f"- {sentence}" for sentence in _verdicts(rows, pairs, cheapest)]
     for p in pairs:
         if not p["both_answered"]:
             out.append(f"- {p['model_a']} and {p['model_b']} never both answered a post.")
@@ -144,28 +138,66 @@ def _question_section(qid: str, rows: list[dict], pairs: list[dict], disagreemen
     return out
 
 
-def _verdicts(rows: list[dict], cheapest: dict | None) -> list[str]:
-    """Per pair of models with F1 intervals: better only when the intervals do not overlap."""
+# How compare.md names each metric of the paired comparison (estimators.PAIRED_METRICS).
+PAIRED_METRIC_NAMES = {"f1": "F1", "precision": "precision", "recall": "recall",
+                       "prevalence_error": "the error of its own \"yes\" share"}
+
+
+def _difference(p: dict, metric: str) -> str:
+    return (f"{p[metric + '_difference']:+.3f} [{p[metric + '_difference_lo']:+.3f}, "
+            f"{p[metric + '_difference_hi']:+.3f}]")
+
+
+def _verdicts(rows: list[dict], pairs: list[dict], cheapest: dict | None) -> list[str]:
+    """Per pair of models, the verdict of the paired comparison (compare.paired_differences): F1 in full,
+    then precision, recall and the prevalence error in one sentence."""
+    by_model = {r["model"]: r for r in rows}
     out = []
-    rated = [r for r in rows if _finite(r["f1"])]
-    for i, a in enumerate(rated):
-        for b in rated[i + 1:]:
-            overlap = _overlap(a, b, "f1")
-            if overlap is None:
-                out.append(f"{a['model']} and {b['model']}: an F1 interval is not available (see the notes in "
-                           "models.csv), so no verdict.")
-            elif overlap:
-                out.append(f"{a['model']} and {b['model']}: their F1 intervals overlap: this human sample cannot tell "
-                           "them apart on this question.")
-            else:
-                better, worse = (a, b) if a["f1_lo"] > b["f1_hi"] else (b, a)
-                s = (f"{better['model']}'s F1 interval lies above {worse['model']}'s: on this question "
-                     f"{better['model']} agrees better with the human labels")
-                if _finite(better["cost_usd"]) and _finite(worse["cost_usd"]) and worse["cost_usd"] > 0:
-                    ratio = better["cost_usd"] / worse["cost_usd"]
-                    s += (f", at {ratio:.1f} x the cost of {worse['model']}" if ratio >= 1 else
-                          f", and costs less ({_sig(ratio)} x the cost of {worse['model']})")
-                out.append(s + ".")
+    for p in pairs:
+        a, b = p["model_a"], p["model_b"]
+        if not p.get("paired_n"):
+            out.append(f"{a} and {b}: no labelled post to compare them on, so no verdict.")
+            continue
+        margin = p["equivalence_margin"]
+        on = (f"on the same {p['paired_n']:,} labelled posts"
+              + (" weighted by the sampling design" if p["paired_design"] != "uniform" else ""))
+        kind = p["f1_verdict"]
+        if kind in ("a_better", "b_better"):
+            better, worse = (a, b) if kind == "a_better" else (b, a)
+            s = (f"{better} agrees better with the human labels than {worse} on this question: F1 {p['f1_a']:.3f} "
+                 f"({a}) against {p['f1_b']:.3f} ({b}), a paired difference {a} - {b} of {_difference(p, 'f1')} {on}")
+            rb, rw = by_model.get(better, {}), by_model.get(worse, {})
+            if _finite(rb.get("cost_usd")) and _finite(rw.get("cost_usd")) and rw["cost_usd"] > 0:
+                ratio = rb["cost_usd"] / rw["cost_usd"]
+                s += (f", at {ratio:.1f} x the cost of {worse}" if ratio >= 1 else
+                      f", and costs less ({_sig(ratio)} x the cost of {worse})")
+            s += "."
+        elif kind == "equivalent":
+            s = (f"{a} and {b} are as good as each other on F1 within the equivalence margin ±{margin:g} you set "
+                 f"(compare.equivalence_margin): the paired difference {a} - {b} is {_difference(p, 'f1')} {on}.")
+        elif kind == "cannot_tell" and not p["paired_discordant"]:
+            s = (f"{a} and {b} fall in the same cell of the human comparison on each of the {p['paired_n']:,} labelled "
+                 "posts: these labels hold no post that tells them apart, so they cannot say which is better, nor "
+                 "that the two are as good as each other (disagreements.csv lists the posts where they differ).")
+        elif kind == "cannot_tell":
+            s = (f"{a} and {b}: these labels cannot tell the two apart on this question: the "
+                 f"paired F1 difference {a} - {b} is {_difference(p, 'f1')} {on}, an interval that holds 0. They "
+                 f"would detect a difference of about ±{p['f1_detectable']:.3f} (80 % of the time); "
+                 + ("no equivalence margin is set (compare.equivalence_margin), so no claim that the two are as "
+                    "good as each other is made either." if margin is None else
+                    f"the interval reaches beyond the equivalence margin ±{margin:g}, so neither are they shown to be "
+                    "as good as each other."))
+        else:
+            s = f"{a} and {b}: F1 cannot be estimated on these labels (see the notes in models.csv), so no verdict."
+        others = []
+        for metric in ("precision", "recall", "prevalence_error"):
+            word = {"a_better": f"{a} better", "b_better": f"{b} better", "equivalent": "as good as each other",
+                    "cannot_tell": "cannot tell"}.get(p[f"{metric}_verdict"])
+            if word:
+                others.append(f"{PAIRED_METRIC_NAMES[metric]} {_difference(p, metric)} ({word})")
+        if others:
+            s += f" Paired differences {a} - {b} of " + "; ".join(others) + "."
+        out.append(s)
     return out
 
 
@@ -186,8 +218,10 @@ def compare_markdown(config: dict, described: Sequence[dict], ids: Sequence[str]
         out += ["Only one model is configured: there is no pair to compare; its numbers are listed for reference.", ""]
     if human:
         out.append(f"Human labels: `{human['path']}` ({human['usable']:,} usable rows on {human['posts']:,} posts), "
-                   "the same for every model. A model is called better than another only when their F1 intervals "
-                   "do not overlap.")
+                   "the same for every model. A model is called better than another only when the interval of "
+                   "their paired difference (the same labelled posts under the same design weights) excludes 0, and "
+                   "as good as the other only when it lies inside the equivalence margin set in "
+                   "compare.equivalence_margin.")
     else:
         out.append("**No human labels are configured** (config key `human_labels`): which model is right cannot be "
                    "told. Only the agreement between the models and each model's own share are given; the shares "
@@ -243,8 +277,15 @@ def compare_markdown(config: dict, described: Sequence[dict], ids: Sequence[str]
             "answer, so a failure never flatters a model. With varying sampling probabilities (an active sample) each "
             "label is weighted by 1/probability and the intervals resample the design: the figures estimate each "
             "metric over all classified posts, not over the posts the steering model was unsure about.",
-            "- Better or not: two models are told apart only when their F1 intervals do not overlap. Overlapping "
-            "intervals mean this sample does not separate them; more human labels would.",
+            "- Better or not: the two models are scored on the same labelled posts, so their difference is "
+            "estimated post by post (paired): the design-weighted difference of F1, precision, recall and of the "
+            "error of each one's own \"yes\" share, with a percentile interval from a bootstrap that resamples "
+            "the design once for both models. A model is better only when that interval excludes 0; the two are "
+            "as good as each other only when it lies inside the equivalence margin (config "
+            "compare.equivalence_margin, set before looking); otherwise the labels cannot tell them apart, and "
+            "compare.md says how large a difference they could detect (80 % of the time). model_agreement.csv "
+            "has every figure. Two separate intervals that overlap prove nothing: the pairing cancels the posts "
+            "both models get right or wrong.",
             "- Between models (model_agreement.csv): on the posts both answered, the share on which they agree "
             "(Wilson) and Cohen's kappa (percentile bootstrap); `yes_share_difference` is A's \"yes\" share minus "
             "B's on those posts.",

@@ -53,8 +53,8 @@ HUMAN_LABEL_COLUMNS = (*labelstudio.EXPORT_COLUMNS, "phase")
 # docs/statistics.md): 0.4 for a one-phase active design on the raw model probabilities, 0.2 for the
 # active part of a two-phase design's second draw (the burn-in, not the floor, then guards against an
 # uninformative model).
-FLOOR_SHARE_ACTIVE = 0.4
-FLOOR_SHARE_SECOND_PHASE = 0.2
+FLOOR_SHARE_ACTIVE = sd.MEASURED_FLOOR_SHARES[sd.KIND_ACTIVE]
+FLOOR_SHARE_SECOND_PHASE = sd.MEASURED_FLOOR_SHARES[sd.KIND_TWO_PHASE]
 # A task's pi (written as JSON or CSV text) may differ from design.parquet's by rounding only.
 PI_TOLERANCE = 1e-9
 # The choice whose probability drives the design (yes/no questions).
@@ -245,13 +245,26 @@ def run(config: dict[str, Any], labels_path: str | Path, manifest_paths: list[st
     budget, seed, floor = float(settings["budget"]), int(settings["seed"]), floor_share(settings)
     if burn_in_path and kind != sd.KIND_TWO_PHASE:
         raise SampleError(f"config key 'label_sample.burn_in' is for label_sample.design two_phase, not {kind}")
+    switched = {}
+    if kind == sd.KIND_ACTIVE:
+        refusal = sampling.active_design_refusal(model_p_yes, budget, ids)
+        if refusal:
+            log.warning("label_sample.design active switched to a uniform draw: %s. Use design two_phase to spend "
+                        "labels where the model is unsure once a burn-in has checked its probabilities.", refusal)
+            switched = {"requested_design": kind, "switched_because": refusal}
+            kind, floor = sd.KIND_UNIFORM, 1.0
+    if kind in sd.MEASURED_FLOOR_SHARES and floor < sd.MEASURED_FLOOR_SHARES[kind]:
+        log.warning("config key 'label_sample.floor_share' %g is below the %g the simulations support for design %s: "
+                    "posts the model is sure about get weights of hundreds and the intervals may cover less than "
+                    "promised (0.61-0.66 at floor 0, docs/statistics.md); summary.md will say so", floor,
+                    sd.MEASURED_FLOOR_SHARES[kind], kind)
     if burn_in_path:
         draw = _second_draw(con, config, burn_in_path, post_ids, ids, model_p_yes, budget, seed, floor)
     elif kind == sd.KIND_TWO_PHASE:
         draw = _burn_in_draw(model_p_yes, budget, seed, float(settings["burn_in_share"]))
     else:
         draw = _one_draw(uncertainty, budget, seed, floor)
-    metadata = {"design": kind, "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    metadata = {"design": kind, **switched, "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "labels_path": str(labels_path), "labels_sha256": sd.file_digest(labels_path),
                 "frame_posts": len(post_ids), "budget": budget, "seed": seed, "floor_share": floor, "questions": ids,
                 "model": settings["model"], "settings": fingerprint(config, "label_sample"), "phase": 1,
@@ -310,7 +323,7 @@ def _second_draw(con, config, burn_in_path, post_ids, ids, model_p_yes, budget, 
         raise SampleError(f"config key 'label_sample.budget': {budget:g} labels in all must exceed the {n_burn} of "
                           f"the burn-in and fit the {n_posts} posts")
     try:
-        design = sampling.two_phase_design(model_p_yes, burn_in, y_burn_in, budget, floor)
+        design = sampling.two_phase_design(model_p_yes, burn_in, y_burn_in, budget, floor, sampling.fold_of(post_ids))
     except ValueError as exc:
         raise SampleError(f"config key 'label_sample.burn_in': {burn_in_path}: {exc} "
                           f"(questions in order: {ids})") from None
@@ -325,7 +338,9 @@ def _second_draw(con, config, burn_in_path, post_ids, ids, model_p_yes, budget, 
                  design.calibrated.tolist(),
                  {"phase": 2, "burn_in_path": str(burn_in_path), "burn_in_posts": n_burn,
                   "pi_burn_in": design.pi_burn_in, "mixture": design.mixture, "kept_model_probabilities": kept,
-                  "combination": dict(zip(ids, design.combination))}, burn_in_rows(con, design.pi_burn_in))
+                  "combination": dict(zip(ids, design.combination)),
+                  "fold_combination": {qid: list(design.fold_combination[q]) for q, qid in enumerate(ids)}},
+                 burn_in_rows(con, design.pi_burn_in))
 
 
 def _sample_rows(con, manifest_paths, inventory_path, transcript_paths, post_ids, pi, design, ids,

@@ -34,6 +34,22 @@ DESIGN_SCHEMA = pa.schema([("post_id", pa.string()), ("status", pa.string()), ("
 KIND_ACTIVE, KIND_UNIFORM, KIND_TWO_PHASE = "active", "uniform", "two_phase"
 POST_ACTIVE, POST_UNIFORM, POST_BURN_IN, POST_SECOND_PHASE = "active", "uniform", "burn_in", "second_phase"
 DIGEST_CHARS = 16
+# The uniform floor share (label_sample.floor_share) the simulations support for each design: 0.4 for a
+# one-round active draw on the raw model probabilities, 0.2 for the active part of a two-phase design's
+# second draw (docs/statistics.md). Below, posts the model is sure about carry weights of hundreds; at
+# floor 0 the corrected interval covered 0.61-0.66. label_sample warns and aggregate's summary says so.
+MEASURED_FLOOR_SHARES = {KIND_ACTIVE: 0.4, KIND_TWO_PHASE: 0.2}
+
+
+def floor_warning(metadata: dict[str, Any]) -> str | None:
+    """The summary's warning for a design drawn with a floor share below ``MEASURED_FLOOR_SHARES``."""
+    kind, floor = metadata.get("design"), metadata.get("floor_share")
+    if kind not in MEASURED_FLOOR_SHARES or floor is None or float(floor) >= MEASURED_FLOOR_SHARES[kind]:
+        return None
+    return (f"WARNING: the human sample was drawn with label_sample.floor_share {float(floor):g}, below the "
+            f"{MEASURED_FLOOR_SHARES[kind]:g} the simulations support for its {kind} design: posts the model was sure "
+            "about carry weights of hundreds, and the human-only and corrected intervals may cover less than their "
+            "level (0.61-0.66 at floor 0 in simulation, docs/statistics.md)")
 
 
 class DesignError(ValueError):
@@ -81,5 +97,9 @@ def describe(metadata: dict[str, Any]) -> str:
     kinds = {KIND_TWO_PHASE: (f"two-phase design (a uniform burn-in of {metadata.get('burn_in_posts')} posts, "
                               + ("then a second draw)" if metadata.get("phase") == 2 else "the second draw not yet made)")),
              KIND_ACTIVE: "active design", KIND_UNIFORM: "uniform design"}
-    return (f"{kinds.get(metadata.get('design'), 'design')} over {metadata.get('frame_posts', '?'):,} posts, {drawn} "
+    text = (f"{kinds.get(metadata.get('design'), 'design')} over {metadata.get('frame_posts', '?'):,} posts, {drawn} "
             f"(labels `{metadata.get('labels_sha256', '?')}`), seed {metadata.get('seed')}")
+    if metadata.get("requested_design"):
+        text += (f"; label_sample.design {metadata['requested_design']} was asked for and switched to this draw: "
+                 f"{metadata.get('switched_because', '')}")
+    return text

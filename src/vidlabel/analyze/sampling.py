@@ -22,6 +22,7 @@ tuning), which stays unbiased whatever the model's quality: only its width depen
 
 from __future__ import annotations
 
+import zlib
 from typing import NamedTuple
 
 import numpy as np
@@ -145,6 +146,37 @@ BURN_IN_MIN_POSITIVES = 5
 MIXTURE_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
+# The one-round active design leans on the model's probabilities before any label has checked them. The
+# draw cannot tell a calibrated model from one whose probabilities are noise (the same P(yes) spread), and
+# with noise its interval covered 0.75-0.90 at prevalence 0.01-0.05 with 100-300 labels
+# (benchmarks/active_sampling.py). Where a uniform sample of the budget expects at least this many
+# positives and negatives of every question (by the model's mean P(yes)), it covered 0.93 or more with every
+# model simulated; below, label_sample draws a uniform sample instead (``active_design_refusal``).
+ACTIVE_MIN_EXPECTED_POSITIVES = 10
+
+
+def active_design_refusal(p_yes: np.ndarray, budget: float, question_ids=None) -> str | None:
+    """Why the one-round active design cannot promise its coverage at this budget (None when it can): the
+    rarest side of some question expects fewer than ``ACTIVE_MIN_EXPECTED_POSITIVES`` in a uniform sample
+    of the budget, by the model's mean P(yes) (NaN ignored)."""
+    p = np.asarray(p_yes, dtype=float)
+    p = p[:, None] if p.ndim == 1 else p
+    names = list(question_ids) if question_ids is not None else [str(q) for q in range(p.shape[1])]
+    short = []
+    for q, name in enumerate(names):
+        column = p[:, q][np.isfinite(p[:, q])]
+        share = float(column.mean()) if column.size else 0.5
+        expected = budget * min(share, 1 - share)
+        if expected < ACTIVE_MIN_EXPECTED_POSITIVES:
+            short.append(f"{name}: {expected:.1f} expected {'positives' if share <= 0.5 else 'negatives'} "
+                         f"(model's mean P(yes) {share:.3g})")
+    if not short:
+        return None
+    return (f"a uniform sample of {budget:g} labels would hold fewer than {ACTIVE_MIN_EXPECTED_POSITIVES} positives "
+            f"or negatives of {'; '.join(short)}: there an active draw on probabilities no label has checked covered "
+            "as little as 0.75 in simulation when they were noise (docs/statistics.md)")
+
+
 def burn_in_size(p_yes: np.ndarray, budget: float, share: float) -> int:
     """Posts of the uniform burn-in: ``share`` of the budget, raised so that the rarest question (by the
     model's mean P(yes), NaN ignored) expects ``BURN_IN_MIN_POSITIVES`` positives and negatives in it,
@@ -209,6 +241,16 @@ def kept_as_given(p_yes: np.ndarray, calibrated: np.ndarray) -> bool:
     return bool(np.allclose(np.asarray(calibrated)[known], _clip(p[known])))
 
 
+# The burn-in is cut into this many folds for the cross-fitted combination weights (``fold_of``).
+FOLDS = 2
+
+
+def fold_of(post_ids) -> np.ndarray:
+    """Each post's fold (0 .. FOLDS - 1): a hash of its id, so that label_sample and aggregate cut a burn-in
+    alike, and independent of its label (a uniform burn-in's folds are uniform samples too)."""
+    return np.array([zlib.crc32(str(post_id).encode()) % FOLDS for post_id in post_ids], dtype=np.int64)
+
+
 class TwoPhaseDesign(NamedTuple):
     """The second phase of a two-phase design (``two_phase_design``).
 
@@ -218,7 +260,12 @@ class TwoPhaseDesign(NamedTuple):
     without a probability), the second phase's prediction; ``mixture``: the weight
     alpha of the active part; ``combination``: per question the weight a of the burn-in's estimate in
     the two-phase estimator (vidlabel.analyze.estimators.two_phase_mean), fixed here from the design and
-    the calibrated probabilities alone, before any second-phase label is seen.
+    the calibrated probabilities alone, before any second-phase label is seen; ``fold_combination``: per
+    question the weight a_-k the design would have chosen without the labels of the burn-in's fold k
+    (``fold_of``), one per fold: the estimate weighs fold k's first-phase estimate with a_-k, a weight
+    that has not seen its labels (with ``combination`` itself, chosen from every burn-in label, a burn-in
+    that happened to catch few positives also got a larger weight: -0.15 SD of bias at prevalence 0.02
+    with 100 labels).
     """
 
     pi: np.ndarray
@@ -226,16 +273,18 @@ class TwoPhaseDesign(NamedTuple):
     calibrated: np.ndarray
     mixture: float
     combination: tuple[float, ...]
+    fold_combination: tuple[tuple[float, ...], ...]
 
 
 def two_phase_design(p_yes: np.ndarray, burn_in: np.ndarray, y_burn_in: np.ndarray, budget: float,
-                     floor_share: float) -> TwoPhaseDesign:
+                     floor_share: float, folds: np.ndarray | None = None) -> TwoPhaseDesign:
     """The second draw after a uniform burn-in: a mixture of the uniform and the active design whose
     weight the burn-in chooses (Zrnic & Candes 2024 discuss the mixture).
 
     ``p_yes``: (N, Q) or (N,) model probabilities; ``burn_in``: (N,) bool, the posts of a uniform
     burn-in (already labelled); ``y_burn_in``: their labels (n0, Q) or (n0,), NaN where missing, 0.5
-    for a tie; ``budget``: labels in all, burn-in included. Per question ``calibrate`` on the burn-in;
+    for a tie; ``budget``: labels in all, burn-in included; ``folds``: (N,) each post's fold (``fold_of``;
+    None: by position). Per question ``calibrate`` on the burn-in;
     the active part pi ∝ sqrt(mean over questions of q(1 - q)) over the other posts (floor
     ``floor_share``, sum budget - n0); alpha from ``MIXTURE_WEIGHTS`` minimises the burn-in's estimate
     of the second phase's variance, sum over its posts and the questions of (1/pi_alpha - 1) (y - q)^2
@@ -255,6 +304,31 @@ def two_phase_design(p_yes: np.ndarray, burn_in: np.ndarray, y_burn_in: np.ndarr
         raise ValueError(f"y_burn_in must have shape ({n_burn}, {n_questions}), got {y_b.shape}")
     if not 0 < n_burn < budget:
         raise ValueError(f"the burn-in ({n_burn} posts) must be non-empty and smaller than the budget ({budget})")
+    pi, alpha, calibrated, combination = _second_phase(p, burn, y_b, budget, floor_share)
+    fold = (np.arange(n_posts) % FOLDS) if folds is None else np.asarray(folds)
+    fold_burn = fold[burn]
+    fold_combination = []
+    for k in range(FOLDS):
+        # the weight the design would have chosen without fold k's labels (label-free when that leaves none)
+        y_without = np.where((fold_burn == k)[:, None], np.nan, y_b)
+        try:
+            fold_combination.append(_second_phase(p, burn, y_without, budget, floor_share)[3])
+        except ValueError:  # a question without a label in the other folds
+            fold_combination.append([n_burn / budget] * n_questions)
+    # The second estimate's prediction: a post without a probability (failed request) takes the burn-in's
+    # share, a value fixed by the burn-in like the rest.
+    with np.errstate(invalid="ignore"):
+        shares = np.array([np.nanmean(y_b[:, q]) if np.isfinite(y_b[:, q]).any() else 0.5 for q in range(n_questions)])
+    prediction = np.where(np.isfinite(calibrated), calibrated, shares[None, :])
+    return TwoPhaseDesign(pi, n_burn / n_posts, prediction, alpha, tuple(combination),
+                          tuple(tuple(float(fold_combination[k][q]) for k in range(FOLDS)) for q in range(n_questions)))
+
+
+def _second_phase(p: np.ndarray, burn: np.ndarray, y_b: np.ndarray, budget: float, floor_share: float):
+    """(pi, alpha, calibrated, combination) of ``two_phase_design`` from the burn-in labels ``y_b`` (NaN where
+    unknown)."""
+    n_posts, n_questions = p.shape
+    n_burn = int(burn.sum())
     calibrated = np.empty_like(p)
     for q in range(n_questions):
         try:
@@ -287,9 +361,4 @@ def two_phase_design(p_yes: np.ndarray, burn_in: np.ndarray, y_burn_in: np.ndarr
         v_burn = (n_posts / n_burn - 1) * h.sum()
         v_second = float(np.sum((1 / pi[rest] - 1) * h))
         combination.append(v_second / (v_burn + v_second) if v_burn + v_second > 0 else n_burn / budget)
-    # The second estimate's prediction: a post without a probability (failed request) takes the burn-in's
-    # share, a value fixed by the burn-in like the rest.
-    with np.errstate(invalid="ignore"):
-        shares = np.array([np.nanmean(y_b[:, q]) if np.isfinite(y_b[:, q]).any() else 0.5 for q in range(n_questions)])
-    prediction = np.where(np.isfinite(calibrated), calibrated, shares[None, :])
-    return TwoPhaseDesign(pi, n_burn / n_posts, prediction, alpha, tuple(combination))
+    return pi, alpha, calibrated, combination

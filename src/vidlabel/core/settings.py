@@ -74,7 +74,8 @@ STAGES: dict[str, StageKeys] = {
                           operational=_CLIENT + _LAYOUT + ("planning.concurrent_jobs",)),
     "merge": StageKeys(results=("classify.questions",)),
     "aggregate": StageKeys(results=("classify.questions", "stats", "cost", "human_labels", "human_design")),
-    "compare": StageKeys(results=("classify.questions", "stats", "cost", "human_labels", "human_design")),
+    "compare": StageKeys(results=("classify.questions", "stats", "cost", "human_labels", "human_design",
+                                  "compare.equivalence_margin")),
     "label_sample": StageKeys(results=("classify.questions", "label_sample", "media_root")),
 }
 
