@@ -6,7 +6,7 @@ The stand-in server (tests/standin/server.py) serves ``--slots`` requests at onc
 time proportional to tokens (``--prefill-tokens-per-s``, ``--decode-tokens-per-s``, plus a fixed
 ``--latency``); its video tokens come from the file size, so sparse files of log-normal sizes make a
 heavy-tailed set. The manifest's estimates are the true counts with 15 % log-normal noise. The
-pilot (``vidlabel.serve.estimate.run``) classifies a stratified 5 % and projects the whole shard; then
+pilot (``vidlabel.serve.pilot.run``) classifies a stratified 5 % and projects the whole shard; then
 the whole shard is classified by ``vidlabel.serve.classify.run_shard`` and timed. Goal (issue 5): within +-15 %.
 """
 
@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from standin.shards import make_config, manifest_rows, write_manifest  # noqa: E402
 
-from vidlabel.serve import estimate  # noqa: E402
+from vidlabel.serve import pilot  # noqa: E402
 from vidlabel.serve import classify
 
 
@@ -75,7 +75,7 @@ def main() -> int:
     shard = write_manifest(work / "manifest" / "shard-0.parquet", rows)
 
     t0 = time.perf_counter()
-    result = estimate.run(cfg, [shard], work / "estimate.json", work / "estimate.md", work / "estimate",
+    result = pilot.run(cfg, [shard], work / "estimate.json", work / "estimate.md", work / "estimate",
                           work / "server-pilot.log", seed=args.seed)
     t_pilot = time.perf_counter() - t0
     projected_s = result["projection"]["wall_hours"] * 3600

@@ -38,7 +38,7 @@ instead, to try the script without a GPU). Steps:
              ``dectorchcodec`` / ``deccpu`` (planning.decode), ``fp8`` (classify.quantization); ``@anything`` at the end only names the run
              (``default-@72b-4gpu``). A rerun of the same workdir resumes unfinished variants from
              their journals and skips finished ones.
-``estimate`` ``vidlabel.serve.estimate.run`` (the pilot and projection of ``snakemake estimate``) on the
+``estimate`` ``vidlabel.serve.pilot.run`` (the pilot and projection of ``snakemake estimate``) on the
              prepared manifest of ``--mode``, printed next to the measured job of ``--compare``.
 
 ``prepare``, ``run`` and ``estimate`` take ``--posts`` (a posts CSV/Parquet table or a directory of
@@ -79,6 +79,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+DEFAULT_MODEL = "Qwen/Qwen2.5-VL-7B-Instruct"
 sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mixed_posts  # noqa: E402
@@ -105,10 +106,17 @@ def ffmpeg_run(args: list, what: str) -> None:
         raise RuntimeError(f"ffmpeg failed making {what}: {proc.stderr.strip()[-800:]}")
 
 
+# A folder of speech recordings (benchmarks/speech_pool.py), for a machine without espeak-ng: the GPU machine.
+SPEECH_POOL = "VIDLABEL_SPEECH_POOL"
+
+
 def speech_input(work: Path, key: str, seconds: float, rng: random.Random) -> list:
     """ffmpeg input arguments for ~``seconds`` of speech: espeak-ng reading random words (looped to
-    length), or pink noise where espeak-ng is missing."""
+    length), else a recording of the speech pool (``SPEECH_POOL``), else pink noise."""
     exe = shutil.which("espeak-ng") or shutil.which("espeak")
+    pool = sorted(Path(os.environ[SPEECH_POOL]).glob("*")) if os.environ.get(SPEECH_POOL) else []
+    if not exe and pool:
+        return ["-stream_loop", "-1", "-i", rng.choice(pool)]
     if not exe:
         return ["-f", "lavfi", "-i", f"anoisesrc=color=pink:amplitude=0.1:sample_rate=16000:duration={seconds:.2f}"]
     wav = work / "speech" / f"{key}.wav"
@@ -425,17 +433,18 @@ def make_media(args) -> None:
         lines.append(f"bad{j},media/{name},,broken file")
         transcripts.append((f"bad{j}", "", "no_audio"))
     mixed = []
-    if args.photo_posts or args.carousels:
+    if args.photo_posts or args.carousels or args.audio_posts:
         t0 = time.monotonic()
         clips = [(s[0], s[3]) for s in sources]
         mixed_lines, mixed = mixed_posts.make(work, media, args.photo_posts, args.carousels, clips, args.seed,
-                                              args.jobs, WORDS, CAPTIONS)
+                                              args.jobs, WORDS, CAPTIONS, args.audio_posts)
         lines += mixed_lines
         # One transcript row per item with sound (a slideshow's track, a carousel's clips), as the
         # transcribe stage writes them: (post_id, item_index).
         transcripts += [(post["post_id"], text, "ok", int(index)) for post in mixed
                         for index, text in post["transcripts"].items()]
-        print(f"media: {len(mixed)} mixed posts ({args.photo_posts} photo posts, {args.carousels} carousels) in "
+        print(f"media: {len(mixed)} mixed posts ({args.photo_posts} photo posts, {args.carousels} carousels, "
+              f"{args.audio_posts} audio posts) in "
               f"{time.monotonic() - t0:.1f} s", flush=True)
     (work / "posts.csv").write_text("\n".join(lines) + "\n")
     import pyarrow as pa
@@ -482,6 +491,16 @@ def posts_source(args) -> tuple[str, str, list[Path]]:
     return str(work / "posts.csv"), str(work / "media"), [work / "transcripts.parquet"]
 
 
+def model_suffix(args) -> str:
+    """The data folder's suffix of a model other than the default one (its plan differs), and its audio mode."""
+    from vidlabel.core.models import default_name
+
+    audio = getattr(args, "audio", "transcript")
+    if args.model == DEFAULT_MODEL and audio == "transcript":
+        return ""
+    return f"-{default_name(args.model)}" + ("" if audio == "transcript" else f"-{audio}")
+
+
 def base_config(args, mode: str) -> dict:
     from vidlabel.core import config as vconfig
 
@@ -489,9 +508,9 @@ def base_config(args, mode: str) -> dict:
     posts, media_root, _ = posts_source(args)
     overrides = {
         "posts": posts, "media_root": media_root,
-        "results": str(work / f"data-{mode}"),
+        "results": str(work / f"data-{mode}{model_suffix(args)}"),
         "classify": {"model": args.model, "shards": 1, "server_args": args.server_args,
-                     "startup_timeout_s": args.startup_timeout},
+                     "startup_timeout_s": args.startup_timeout, "audio": getattr(args, "audio", "transcript")},
         "planning": {"transcode": {"enabled": mode.startswith("transcoded"), "chunks": args.jobs,
                                    "media_dir": str(work / f"transcoded-media-{mode}")},
                      "tokenizer": args.tokenizer,
@@ -516,6 +535,8 @@ def prepare(args, mode: str) -> Path:
     if shard.exists():
         return shard
     _, _, transcripts = posts_source(args)
+    if config["classify"]["audio"] == "native":  # the model hears the audio: no transcript
+        transcripts = []
     inventory = results / "inventory.parquet"
     t0 = time.monotonic()
     build_inventory(config, inventory, threads=args.jobs)
@@ -782,7 +803,7 @@ def run(args) -> int:
 
 def estimate(args) -> int:
     """The estimate target's pilot and projection on the prepared manifest, next to a measured job."""
-    from vidlabel.serve import estimate as es
+    from vidlabel.serve import pilot as es
 
     use_standin(args)
     mode, config = variant_config(args, args.variant)
@@ -833,12 +854,15 @@ def main(argv=None) -> int:
     m.add_argument("--formats", action="store_true", help="add one post per platform format")
     m.add_argument("--photo-posts", type=int, default=0, help="photo posts of 1 to 35 photos (half slideshows)")
     m.add_argument("--carousels", type=int, default=0, help="carousels of 2 to 10 images and clips")
+    m.add_argument("--audio-posts", type=int, default=0, help="audio posts: a clip's speech as an .m4a alone")
     m.add_argument("--seed", type=int, default=0)
     for p in (pr, r, e):
         p.add_argument("--posts", default=None, help="your posts table (CSV/Parquet) or directory of videos")
         p.add_argument("--media-root", default=None, help="media_root for --posts (default: its directory)")
         p.add_argument("--transcripts", nargs="*", default=[], help="transcript parquet files for --posts")
-        p.add_argument("--model", default="Qwen/Qwen2.5-VL-7B-Instruct")
+        p.add_argument("--model", default=DEFAULT_MODEL)
+        p.add_argument("--audio", default="transcript", choices=("transcript", "native", "both"),
+                       help="classify.audio: how the model takes the posts' audio")
         p.add_argument("--tokenizer", default=None,
                        help="planning.tokenizer (a tokenizer.json or model directory): exact text tokens, which "
                             "short clips need to be estimated within 2 %%; give it to prepare, run and estimate alike")

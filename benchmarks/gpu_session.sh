@@ -16,17 +16,24 @@
 #   00-check    the client's imports, ffmpeg, nvidia-smi
 #   01-media    gpu_classify.py media: camera-like videos, the format zoo, photo posts and carousels
 #   02-kit      waits (up to KIT_WAIT_S) for KIT_READY; then vllm on PATH and the tokenizer
-#   03-prepare  gpu_classify.py prepare --modes raw (with the model's tokenizer)
+#   03-prepare  gpu_classify.py prepare --modes raw (with the model's tokenizer), per run of RUNS
 #   04-breaker  gpu_breaker.py --phase broken --broken-runs 1 --shared-run-dir: a server whose video decoder
 #               cannot load; the job must stop within 60 s with the server's message, journaling nothing
 #               terminal, into the run folder of VARIANT (a failed check is recorded and the session goes on)
 #   05-steady   gpu_steady.py VARIANT on the same journal: the fixed run, every post labelled; per post type
 #               steady windows; its request phase is cut (SIGINT, --max-request-phase-s) so that the job
 #               ends by DEADLINE_S after this script's start
+#   RUNS        several models one after another (issue 35's families): each run "MODEL:AUDIO:NAME" gets its
+#               own prepare (03-prepare-NAME: the model's family plans its own manifest) and steady step
+#               (05-steady-NAME, variant VARIANT@NAME), the time left shared among the runs still to go
 #
 # Settings (environment; defaults for one H200 with 16 cores and the kit's Qwen2.5-VL-7B):
 #   SESSION_DIR=/tmp/session WORKDIR=/tmp/steady CPUS=0-<nproc-1> JOBS=<nproc> VARIANT=default-@mixed SEED=5
-#   SOURCES=40 POSTS=300 PHOTO_POSTS=80 CAROUSELS=80 TOKENIZER=/tmp/models/Qwen2.5-VL-7B-Instruct
+#   SOURCES=40 POSTS=300 PHOTO_POSTS=80 CAROUSELS=80 AUDIO_POSTS=0 MIN_REQUESTS=200
+#   RUNS="Qwen/Qwen2.5-VL-7B-Instruct:transcript:" (one run of the default model); e.g.
+#        RUNS="Qwen/Qwen3-VL-8B-Instruct:transcript:q3vl Qwen/Qwen3-Omni-30B-A3B-Instruct:native:heard"
+#        (each run's tokenizer: /tmp/models/<the model's last name part>; the breaker step is for the first)
+#   VIDLABEL_SPEECH_POOL=DIR recordings the media step speaks with where espeak-ng is missing (speech_pool.py)
 #                  (~480 requests: ~6 min of request phase at the ~1.3 req/s measured on camera-like media)
 #   DEADLINE_S=1260  seconds after this script's start by which the steady job should have ended (started
 #                  before the kit is staged: ~21 min; started after it: 1140)
@@ -48,6 +55,8 @@ SOURCES=${SOURCES:-40}
 POSTS=${POSTS:-300}
 PHOTO_POSTS=${PHOTO_POSTS:-80}
 CAROUSELS=${CAROUSELS:-80}
+AUDIO_POSTS=${AUDIO_POSTS:-0}
+RUNS=${RUNS:-Qwen/Qwen2.5-VL-7B-Instruct:transcript:}
 DEADLINE_S=${DEADLINE_S:-1260}
 KIT_READY=${KIT_READY:-/tmp/stage/KIT_INSTALLED}
 KIT_WAIT_S=${KIT_WAIT_S:-900}
@@ -57,13 +66,6 @@ PY=${PYTHON:-python3}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 T0=$(date +%s)
 export PYTHONUNBUFFERED=1
-
-if [ -n "${STANDIN:-}" ]; then
-    MODEL_ARGS=(--standin)
-else
-    TOKENIZER=${TOKENIZER:-/tmp/models/Qwen2.5-VL-7B-Instruct}
-    MODEL_ARGS=(--tokenizer "$TOKENIZER")
-fi
 
 mkdir -p "$S"
 rm -f "$S/DONE"
@@ -93,9 +95,13 @@ finish() {
         kill -KILL -- "-$STEP_PID" 2>/dev/null  # timeout leads its own process group: it and the step
     fi
     stop_servers
-    for f in gpu_classify.json gpu_breaker.json media.json data-raw/prepare.json data-raw/manifest/post_plans.csv \
-             data-raw/manifest/plan.csv data-raw/manifest/media_limits.json; do
-        [ -f "$W/$f" ] && cp "$W/$f" "$S/$(basename "$f")"
+    for f in gpu_classify.json gpu_breaker.json media.json; do
+        [ -f "$W/$f" ] && cp "$W/$f" "$S/$f"
+    done
+    for d in "$W"/data-raw*/; do  # one data folder per model run (its family's plan)
+        for f in prepare.json manifest/post_plans.csv manifest/plan.csv manifest/media_limits.json; do
+            [ -f "$d/$f" ] && cp "$d/$f" "$S/$(basename "$d")-$(basename "$f")"
+        done
     done
     for d in "$W"/runs/*/; do  # the run folders' server logs are long: their tails
         [ -f "$d/server.log" ] && tail -c 200000 "$d/server.log" > "$S/server-$(basename "$d").log.tail"
@@ -153,8 +159,18 @@ step 00-check 120 bash -c "$PY $S/check.py && ffmpeg -hide_banner -version | hea
 cut -c1-300 "$S/00-check.log" | sed 's/^/    /' | tee -a "$S/progress.txt"
 
 step 01-media 900 "$PY" benchmarks/gpu_classify.py media --workdir "$W" --kind camera --sources "$SOURCES" \
-    --posts "$POSTS" --formats --photo-posts "$PHOTO_POSTS" --carousels "$CAROUSELS" --jobs "$JOBS" --seed "$SEED"
+    --posts "$POSTS" --formats --photo-posts "$PHOTO_POSTS" --carousels "$CAROUSELS" --audio-posts "$AUDIO_POSTS" \
+    --jobs "$JOBS" --seed "$SEED"
 grep "^media" "$S/01-media.log" | cut -c1-300 | sed 's/^/    /' | tee -a "$S/progress.txt"
+
+# The runs: MODEL:AUDIO:NAME each (NAME empty: the one default run, its steps and variant as before).
+read -r -a RUN_LIST <<< "$RUNS"
+run_args() {  # the model arguments of a run: its model, audio mode and tokenizer (or the stand-in)
+    local model=$1 audio=$2
+    if [ -n "${STANDIN:-}" ]; then echo "--model $model --audio $audio --standin"
+    else echo "--model $model --audio $audio --tokenizer /tmp/models/$(basename "$model")"; fi
+}
+TOKENIZER=/tmp/models/$(basename "${RUN_LIST[0]%%:*}")  # the first run's (the kit's folders by the models' names)
 
 if [ -z "${STANDIN:-}" ]; then  # the stand-in's `vllm` is put on PATH by each step
     step 02-kit $(( KIT_WAIT_S + 60 )) bash -c "for i in \$(seq $KIT_WAIT_S); do [ -f '$KIT_READY' ] && break; sleep 1; done
@@ -162,24 +178,36 @@ if [ -z "${STANDIN:-}" ]; then  # the stand-in's `vllm` is put on PATH by each s
         command -v vllm && ls '$TOKENIZER/tokenizer.json'"
 fi
 
-step 03-prepare 600 "$PY" benchmarks/gpu_classify.py prepare --workdir "$W" --jobs "$JOBS" --modes raw "${MODEL_ARGS[@]}"
-grep -E "manifest: [0-9]+ posts ->|^raw" "$S/03-prepare.log" | cut -c1-300 | sed 's/^/    /' | tee -a "$S/progress.txt"
+LEFT=${#RUN_LIST[@]}
+for RUN in "${RUN_LIST[@]}"; do
+    IFS=: read -r MODEL AUDIO NAME <<< "$RUN"
+    read -r -a MODEL_ARGS <<< "$(run_args "$MODEL" "${AUDIO:-transcript}")"
+    SUFFIX=${NAME:+-$NAME}
+    RUN_VARIANT=$VARIANT${NAME:+@$NAME}
+    # With several runs a failed one is recorded and the next one goes on.
+    [ "${#RUN_LIST[@]}" -gt 1 ] && RUN_SOFT=true || RUN_SOFT=
+    SOFT=$RUN_SOFT step 03-prepare$SUFFIX 600 "$PY" benchmarks/gpu_classify.py prepare --workdir "$W" --jobs "$JOBS" \
+        --modes raw "${MODEL_ARGS[@]}"
+    grep -E "manifest: [0-9]+ posts ->|^raw" "$S/03-prepare$SUFFIX.log" | cut -c1-300 | sed 's/^/    /' | tee -a "$S/progress.txt"
 
-# The breaker's check failing (a stop later than 60 s, another message) is a result: the steady run still counts.
-rm -f "$W/gpu_breaker.json"
-if [ -z "${SKIP_BREAKER:-}" ]; then
-SOFT="grep -q '\"broken_passed\"' '$W/gpu_breaker.json'" \
-step 04-breaker 900 "$PY" benchmarks/gpu_breaker.py --workdir "$W" --jobs "$JOBS" --cpus "$CPUS" --kind camera \
-    --variant "$VARIANT" --shared-run-dir --phase broken --broken-runs 1 "${MODEL_ARGS[@]}"
-grep -E "^broken|ready on port|stopping:" "$S/04-breaker.log" | cut -c1-400 | sed 's/^/    /' | tee -a "$S/progress.txt"
-fi
+    # The breaker's check failing (a stop later than 60 s, another message) is a result: the steady run still counts.
+    if [ -z "${SKIP_BREAKER:-}" ] && [ "$LEFT" -eq "${#RUN_LIST[@]}" ]; then
+    rm -f "$W/gpu_breaker.json"
+    SOFT="grep -q '\"broken_passed\"' '$W/gpu_breaker.json'" \
+    step 04-breaker 900 "$PY" benchmarks/gpu_breaker.py --workdir "$W" --jobs "$JOBS" --cpus "$CPUS" --kind camera \
+        --variant "$RUN_VARIANT" --shared-run-dir --phase broken --broken-runs 1 "${MODEL_ARGS[@]}"
+    grep -E "^broken|ready on port|stopping:" "$S/04-breaker.log" | cut -c1-400 | sed 's/^/    /' | tee -a "$S/progress.txt"
+    fi
 
-# The steady job's request phase: what is left until the deadline, less the server's start and the tail.
-PHASE=$(( T0 + DEADLINE_S - $(date +%s) - SERVER_START_S - TAIL_S ))
-[ "$PHASE" -lt 120 ] && PHASE=120
-note "steady request phase at most ${PHASE}s (deadline ${DEADLINE_S}s after the driver's start)"
-step 05-steady $(( PHASE + SERVER_START_S + TAIL_S + 600 )) "$PY" benchmarks/gpu_steady.py --workdir "$W" \
-    --cpus "$CPUS" --jobs "$JOBS" --variants "$VARIANT" --max-request-phase-s "$PHASE" --min-requests 200 \
-    "${MODEL_ARGS[@]}"
-sed -n '/^| variant | CPUs/,$p' "$S/05-steady.log" | cut -c1-600 | tee -a "$S/progress.txt"
+    # The steady job's request phase: its share of what is left until the deadline, less the server's start and
+    # the tail of each run still to go.
+    PHASE=$(( (T0 + DEADLINE_S - $(date +%s)) / LEFT - SERVER_START_S - TAIL_S ))
+    [ "$PHASE" -lt 60 ] && PHASE=60
+    note "steady request phase of $RUN_VARIANT at most ${PHASE}s (deadline ${DEADLINE_S}s after the driver's start, $LEFT run(s) to go)"
+    SOFT=$RUN_SOFT step 05-steady$SUFFIX $(( PHASE + SERVER_START_S + TAIL_S + 600 )) "$PY" benchmarks/gpu_steady.py \
+        --workdir "$W" --cpus "$CPUS" --jobs "$JOBS" --variants "$RUN_VARIANT" --max-request-phase-s "$PHASE" \
+        --min-requests "${MIN_REQUESTS:-200}" "${MODEL_ARGS[@]}"
+    sed -n '/^| variant | CPUs/,$p' "$S/05-steady$SUFFIX.log" | cut -c1-600 | tee -a "$S/progress.txt"
+    LEFT=$(( LEFT - 1 ))
+done
 exit 0

@@ -290,7 +290,7 @@ def by_post_type(records: list[dict], gpu_samples, config: dict) -> dict:
 def replay_decode(records: list[dict], lo: float, hi: float, config: dict) -> dict:
     """Decode CPU-s per answer of the window: each distinct video through vLLM's loader with the job's
     backend (the re-implementation where vLLM is not importable), weighted by how often the window sent it."""
-    from vidlabel.serve import decode as vdecode
+    from vidlabel.core import decode as vdecode
 
     backend, fps = vdecode.backend(config), float(config["planning"]["fps"])
     media = shard_videos(config)
@@ -356,7 +356,7 @@ def steady(records, gpu_samples, metrics: MetricsSampler, proc: ProcSampler, con
     engine = [(r, w) for t, r, w in metrics.samples if lo <= t <= hi]
     ticks = np.arange(lo, hi, SAMPLE_S)
     flight = in_flight(records, ticks) if len(ticks) else np.zeros(0)
-    from vidlabel.serve import decode as vdecode
+    from vidlabel.core import decode as vdecode
 
     out = {
         "window": win, "ramp": phase(records, first, lo), "drain": phase(records, hi, last),
@@ -532,9 +532,11 @@ def main(argv=None) -> int:
                     help="stop sending this long after the first answer (the rest of the set is not sent)")
     ap.add_argument("--min-requests", type=int, default=600, help="warn when the set has fewer requests")
     ap.add_argument("--no-replay", action="store_true", help="skip the decode replay after each job")
-    for flag, default in (("--posts", None), ("--media-root", None), ("--model", "Qwen/Qwen2.5-VL-7B-Instruct"),
+    for flag, default in (("--posts", None), ("--media-root", None), ("--model", gc.DEFAULT_MODEL),
                           ("--tokenizer", None), ("--server-args", ""), ("--out", None)):
         ap.add_argument(flag, default=default)
+    ap.add_argument("--audio", default="transcript", choices=("transcript", "native", "both"),
+                    help="classify.audio: how the model takes the posts' audio")
     ap.add_argument("--transcripts", nargs="*", default=[])
     ap.add_argument("--startup-timeout", type=float, default=1200)
     ap.add_argument("--standin", action="store_true", help="the test stand-in as `vllm` (no GPU needed)")

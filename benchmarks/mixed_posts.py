@@ -54,9 +54,19 @@ def _song(path: Path, seconds: float, seed: int) -> Path:
     return path
 
 
+def _voice(path: Path, clip: Path) -> Path:
+    """A clip's sound alone (its AAC track copied), as a voice note or podcast post holds it."""
+    if not path.exists():
+        tmp = path.with_name(f".part-{path.name}")
+        subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-y", "-i", str(clip), "-vn", "-c:a", "copy", "-f", "mp4",
+                        str(tmp)], check=True, capture_output=True)
+        tmp.rename(path)
+    return path
+
+
 def make(work: Path, media: Path, photo_posts: int, carousels: int, clips: list[tuple[Path, float]], seed: int,
-         jobs: int, words: list[str], captions: list[str]) -> tuple[list[str], list[dict]]:
-    """Photos, soundtracks and posts; returns (posts.csv lines, mixed.json's posts)."""
+         jobs: int, words: list[str], captions: list[str], audio_posts: int = 0) -> tuple[list[str], list[dict]]:
+    """Photos, soundtracks, voice notes and posts; returns (posts.csv lines, mixed.json's posts)."""
     rng = random.Random(seed)
     pool_dir = media / "photos"
     pool_dir.mkdir(parents=True, exist_ok=True)
@@ -109,6 +119,12 @@ def make(work: Path, media: Path, photo_posts: int, carousels: int, clips: list[
             files.append(linked(src, f"{pid}-{j:02d}{src.suffix}"))
         posts.append({"post_id": pid, "files": [str(f) for f in files], "caption": captions[c % len(captions)],
                       "transcripts": transcripts})
+    for a in range(audio_posts if clips else 0):  # the sound of a clip alone: speech, as the model hears it
+        clip, seconds = clips[rng.randrange(len(clips))]
+        pid = f"audio{a:04d}"
+        files = [_voice(media / "mixed" / f"{pid}.m4a", clip)]
+        posts.append({"post_id": pid, "files": [str(f) for f in files], "caption": captions[a % len(captions)],
+                      "transcripts": {0: say(seconds)}})
     for post in posts:
         relative = [os.path.relpath(f, media.parent) for f in post["files"]]
         lines.append(f"{post['post_id']},,\"{json.dumps(relative).replace(chr(34), chr(34) * 2)}\","

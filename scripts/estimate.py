@@ -1,7 +1,7 @@
 # Snakemake adapter: rule pilot (one model's pilot run and projection).
 from vidlabel.core.logs import configure
 from vidlabel.core.settings import for_job
-from vidlabel.serve.estimate import run
+from vidlabel.serve.pilot import run
 
 configure(snakemake.log[0])
 config = for_job(snakemake.config, "estimate", snakemake.wildcards.model)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from vidlabel.prepare import prompt
+from vidlabel.core import prompt
 from vidlabel.serve import confidence
 from vidlabel.serve.confidence import answer_probabilities, logprobs_request
 

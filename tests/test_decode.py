@@ -15,7 +15,7 @@ from vidlabel.core import config as vconfig
 from vidlabel.core import identity, models
 from vidlabel.core import settings as stage_settings
 from vidlabel.prepare import planning
-from vidlabel.serve import decode
+from vidlabel.core import decode
 from vidlabel.serve.command import CommandError, ServerCopy, build_command
 from vidlabel.serve.provenance import JobIdentity
 from vidlabel.serve.server import ServerError, ServerGroup

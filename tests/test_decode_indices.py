@@ -26,7 +26,7 @@ from vidlabel.core import config as vconfig
 from vidlabel.prepare import planning
 from vidlabel.prepare import transcode as tc
 from vidlabel.prepare.media import probe
-from vidlabel.serve import decode
+from vidlabel.core import decode
 
 
 @pytest.fixture(scope="module")

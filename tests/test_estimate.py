@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from vidlabel.core import config as cfgmod
-from vidlabel.serve import estimate as es
+from vidlabel.serve import pilot as es
 
 
 def test_stratified_sample_covers_every_stratum():

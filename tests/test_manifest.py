@@ -13,7 +13,7 @@ from planning_helpers import inventory_row, write_inventory, write_transcripts
 from vidlabel.core import config as cfgmod
 from vidlabel.core.io import write_parquet
 from vidlabel.prepare import manifest, prompt_batch
-from vidlabel.prepare import prompt as pr
+from vidlabel.core import prompt as pr
 from vidlabel.prepare import transcode as tc
 
 MEDIA = "/data/media"

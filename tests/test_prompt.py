@@ -2,7 +2,7 @@
 
 import pytest
 
-from vidlabel.prepare.prompt import (
+from vidlabel.core.prompt import (
     answer_schema,
     neutralise,
     parse_answers,

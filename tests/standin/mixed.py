@@ -24,7 +24,7 @@ from vidlabel.prepare import post_plan
 from vidlabel.prepare import tokens as tk
 from vidlabel.prepare.items import probe_item
 from vidlabel.prepare.post_prompt import item_labels
-from vidlabel.prepare.prompt import render_prompt, request_id
+from vidlabel.core.prompt import render_prompt, request_id
 
 ITEM_TYPE = pa.struct([("index", pa.int64()), ("kind", pa.string()), ("path", pa.string()),
                        ("media_path", pa.string()), ("label", pa.string()), ("est_tokens", pa.int64()),

@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from vidlabel.core import config as vconfig
 from vidlabel.core.io import write_parquet
-from vidlabel.prepare.prompt import render_prompt, request_id
+from vidlabel.core.prompt import render_prompt, request_id
 
 from . import standin_command
 

@@ -28,7 +28,7 @@ from typing import Any, Iterable
 
 import pyarrow as pa
 
-from vidlabel.prepare.prompt import ANSWER_CHOICES
+from vidlabel.core.prompt import ANSWER_CHOICES
 
 # Columns of read_export's table: one row per annotation and question. ``adjudication`` repeats the
 # label on the rows of the annotation set as the task's ground truth (empty elsewhere): the decision

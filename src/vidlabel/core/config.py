@@ -10,8 +10,8 @@ import jsonschema
 import yaml
 
 from vidlabel.core import models
-from vidlabel.prepare.prompt import answer_max_tokens
-from vidlabel.serve.decode import resolve_choice
+from vidlabel.core.prompt import answer_max_tokens
+from vidlabel.core.decode import resolve_choice
 
 REPO_SCHEMA = Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "config.schema.yaml"
 

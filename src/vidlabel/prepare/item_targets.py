@@ -11,7 +11,7 @@ For each item the plan says what the server is sent (``ItemWork.action``):
 - ``as-is``: the original file;
 - ``transcode`` (a video): re-encoded at the planned frame rate and pixel bound
   (``transcode.transcode_file``) when the plan lowered them, when the server's decoder cannot read the
-  original (``planning.server_media_problem`` and ``vidlabel.serve.decode.unreadable``, the one-video
+  original (``planning.server_media_problem`` and ``vidlabel.core.decode.unreadable``, the one-video
   rules applied to every video item), or always with ``planning.transcode.enabled``;
 - ``animation`` (an animated GIF, WebP, PNG or AVIF: a video item): its frames as H.264
   (``images.convert_animation``; FFmpeg 5 cannot decode animated WebP);
@@ -42,8 +42,8 @@ from vidlabel.prepare import tokens as tk
 from vidlabel.prepare.images import ANIMATED_FORMATS, item_image_problem
 from vidlabel.prepare.inventory_schema import SOUND_KINDS
 from vidlabel.prepare.post_prompt import item_labels, sound_label
-from vidlabel.prepare.prompt import TRANSCRIPT_UNAVAILABLE, render_prompt
-from vidlabel.serve import decode
+from vidlabel.core.prompt import TRANSCRIPT_UNAVAILABLE, render_prompt
+from vidlabel.core import decode
 
 ANIMATION_CODECS = frozenset(f.lower() for f in ANIMATED_FORMATS)
 #: Transcript statuses whose text is known (``no_audio``: known to be none).

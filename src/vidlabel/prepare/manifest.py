@@ -190,7 +190,7 @@ def build(config: dict, inventory_path, transcript_paths, transcode_paths, shard
     text_tokens = prompt_text_tokens(config, caption, transcript, available)
 
     # The codec and format decide whether the server's decoder reads the file as it is
-    # (planning.SERVER_CODECS, vidlabel.serve.decode.unreadable).
+    # (planning.SERVER_CODECS, vidlabel.core.decode.unreadable).
     plan = planning.plan_posts(config, num["duration_s"], num["fps"], num["width"], num["height"], text_tokens,
                                formats=planning.formats_from_table(ok))
     action = plan.action

@@ -42,7 +42,7 @@ def _empty_probe() -> dict[str, Any]:
         "video_codec": None,
         "has_audio": None,  # unknown until the container opens
         "probe_error": None,
-        # What the server's decoder choice depends on (vidlabel.serve.decode.unreadable).
+        # What the server's decoder choice depends on (vidlabel.core.decode.unreadable).
         "pix_fmt": None,
         "rotation": None,
         "container": None,

@@ -21,7 +21,7 @@ model samples at least (``tokens.MIN_FILE_FRAMES``), is planned for its own tran
 (action ``replan``, the reason in ``plan``) whether or not ``planning.transcode.enabled``; if the
 transcode fails too, the manifest excludes it (``transcode_error``) before any GPU time. The same
 holds for what the decoder chosen with ``planning.decode`` cannot read, or would sample other frames
-of than the default decoder (``vidlabel.serve.decode.unreadable``: NVDEC and 10-bit or 4:4:4 H.264,
+of than the default decoder (``vidlabel.core.decode.unreadable``: NVDEC and 10-bit or 4:4:4 H.264,
 a scanning decoder and variable frame rates, ...).
 
 Shards. Requests go to shards by longest-processing-time greedy on ``est_prompt_tokens``
@@ -56,8 +56,8 @@ from vidlabel import families
 from vidlabel.core.io import write_text
 from vidlabel.families.base import file_frames
 from vidlabel.prepare import tokens as tk
-from vidlabel.prepare.prompt import render_prompt
-from vidlabel.serve import decode
+from vidlabel.core.prompt import render_prompt
+from vidlabel.core import decode
 
 SERVER_TOKENS_PER_S = 5080.0  # seed 000: prompt+completion tokens/s per 4-GPU instance
 COMPLETION_TOKENS_PER_QUESTION = 8
@@ -191,7 +191,7 @@ def sampler_frames_problem(config: dict, formats: decode.Formats) -> np.ndarray:
     list that shows less than the header's frames, or a variable frame rate, can make the two sample
     counts differ (measured on vLLM 0.26: one edit-list file served 1.23x its estimate, all others within
     2 %). Such a file is transcoded, after which both count the same frames. Judged only for the default
-    decoder (the others' frame counts: ``vidlabel.serve.decode.unreadable``) and where the inventory has
+    decoder (the others' frame counts: ``vidlabel.core.decode.unreadable``) and where the inventory has
     the header's count."""
     n = len(formats.codec)
     out = np.full(n, None, dtype=object)

@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from vidlabel.prepare.prompt import neutralise
+from vidlabel.core.prompt import neutralise
 
 _NAMES = {"image": "Photo", "video": "Video", "audio": "Audio"}
 

@@ -1,6 +1,6 @@
 """Prompts and request ids for a whole column of posts at once (the manifest's one-video posts).
 
-``render_prompts`` is ``vidlabel.prepare.prompt.render_prompt`` vectorised with Arrow kernels, checked
+``render_prompts`` is ``vidlabel.core.prompt.render_prompt`` vectorised with Arrow kernels, checked
 against it on a sample; ``request_ids`` is ``prompt.request_id`` with the constant part of the hashed
 payload encoded once. At a million posts the per-row versions would dominate the manifest's time.
 """
@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vidlabel.prepare import tokens as tk
-from vidlabel.prepare.prompt import (
+from vidlabel.core.prompt import (
     _BLOCK_TAGS,
     NO_CAPTION,
     NO_SPEECH,
@@ -31,7 +31,7 @@ TEXT_BATCH = 131072
 
 
 def request_ids(post_ids, template: str, questions) -> list[str]:
-    """``vidlabel.prepare.prompt.request_id`` for many posts: the constant part of the payload is encoded once.
+    """``vidlabel.core.prompt.request_id`` for many posts: the constant part of the payload is encoded once.
 
     The payload is ``json.dumps([post_id, template, questions], sort_keys=True,
     ensure_ascii=False)``; only the post id varies. Checked against ``request_id`` on the first id
@@ -71,7 +71,7 @@ def _neutralise(arr: pa.Array, empty: str) -> pa.Array:
 
 def render_prompts(template: str, captions: pa.Array, transcripts: pa.Array, questions,
                    available: pa.Array | None = None) -> pa.Array:
-    """``vidlabel.prepare.prompt.render_prompt`` for a whole column, vectorised with Arrow kernels
+    """``vidlabel.core.prompt.render_prompt`` for a whole column, vectorised with Arrow kernels
     (``available``: False where the transcript is unavailable; default all available).
 
     Falls back to per-row ``render_prompt`` when the template uses anything but plain

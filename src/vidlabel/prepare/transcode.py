@@ -164,8 +164,8 @@ def one_video_work(config: dict, videos: pa.Table, texts: dict | None) -> list[I
         return []
     cols = {c: videos.column(c).to_pylist() for c in
             ("post_id", "index", "path", "caption", "duration_s", "fps", "width", "height")}
-    if texts is not None:
-        spoken = [(texts.get((pid, idx)) or {}).get("text") for pid, idx in zip(cols["post_id"], cols["index"])]
+    if texts is not None or post_plan.hears_audio(config):  # heard: a video alone has no sound, no transcript
+        spoken = [(texts or {}).get((pid, idx), {}).get("text") for pid, idx in zip(cols["post_id"], cols["index"])]
         text_tokens = planning.text_tokens_for(config, cols["caption"], spoken)
     else:
         text_tokens = planning.text_tokens_for(config, cols["caption"], None, cols["duration_s"])
@@ -195,7 +195,8 @@ def mixed_work(config: dict, posts: list[item_targets.MixedPost], texts: dict | 
     work = []
     for post in posts:
         spoken, _ = item_targets.spoken_text(post, texts)
-        allowance = item_targets.sound_seconds(post) if texts is None else 0.0
+        # before transcription, speech stands in for the transcripts; a model that hears the audio has none
+        allowance = item_targets.sound_seconds(post) if texts is None and not post_plan.hears_audio(config) else 0.0
         _, text_tokens = item_targets.prompt_and_text_tokens(config, post, spoken, allowance)
         work.extend(item_targets.work(config, post, item_targets.plan(config, post, text_tokens), problems))
     return work
@@ -226,8 +227,8 @@ def run_chunk(config: dict, inventory_path, chunk: int, output_path, media_dir,
     items = chunk_items(config, pq.read_table(inventory_path), chunk)
     heard = post_plan.hears_audio(config)
     one_video, mixed = item_targets.split_posts(items, heard)
-    # A plan whose model hears the audio has no transcripts (its rule takes none): nothing stands in for them.
-    texts = read_transcripts(transcript_paths) if transcript_paths else None if not heard else {}
+    # A plan whose model hears the audio has no transcripts (its rule takes none).
+    texts = None if transcript_paths is None or (heard and not transcript_paths) else read_transcripts(transcript_paths)
     wanted = one_video_work(config, items.take(pa.array(one_video, pa.int64())), texts) + mixed_work(config, mixed,
                                                                                                        texts)
     rows = []

@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from vidlabel.serve.items import MediaLimits
     from vidlabel.serve.settings import PlanSettings
 
-from vidlabel.serve import decode
+from vidlabel.core import decode
 from vidlabel.serve.error_kinds import too_many_items
 from vidlabel.serve.items import sent_items
 
@@ -86,7 +86,7 @@ _CONTEXT = re.compile(r"maximum context length is (\d[\d,]*)|maximum context len
                       r"|maximum model length of (\d[\d,]*)|\(context length (\d[\d,]*)\)", re.IGNORECASE)
 _NO_MODULE = re.compile(r"No module named '([\w.]+)'")
 # Python module -> the package that provides it (pip), where they differ; the decoders' own modules are
-# vidlabel.serve.decode's (install_hint).
+# vidlabel.core.decode's (install_hint).
 PACKAGES = {"cv2": "opencv-python-headless", "av": "av", "decord": "decord"}
 
 

@@ -50,7 +50,7 @@ from typing import Any, Callable, Coroutine, TypeVar
 import aiohttp
 
 from vidlabel.prepare.post_prompt import message_content
-from vidlabel.prepare.prompt import parse_answers
+from vidlabel.core.prompt import parse_answers
 from vidlabel.serve.breaker import Breaker, request_kinds
 from vidlabel.serve.concurrency import adapt
 from vidlabel.serve.confidence import answer_probabilities

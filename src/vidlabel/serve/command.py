@@ -22,7 +22,8 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from vidlabel.serve import decode, quantization
+from vidlabel.core import decode
+from vidlabel.serve import quantization
 from vidlabel.serve.parallelism import Layout, choose_layout, granted_gpus
 from vidlabel.serve.settings import ServerSettings, ServeSettings
 
@@ -202,7 +203,7 @@ def _fill_command(server: ServerSettings, per_job: dict) -> list[str]:
         extra = shlex.split(server.args)
     except ValueError as exc:
         raise CommandError(f"config key 'classify.server_args': {exc}") from None
-    # planning.decode and classify.quantization (vidlabel.serve.decode, vidlabel.serve.quantization).
+    # planning.decode and classify.quantization (vidlabel.core.decode, vidlabel.serve.quantization).
     try:
         argv = decode.with_backend(shlex.split(text) + extra, server.decode_backend)
         return quantization.with_flag(argv, server.quantization)

@@ -35,7 +35,7 @@ import json
 import math
 from typing import Any, NamedTuple
 
-from vidlabel.prepare.prompt import ANSWER_CHOICES
+from vidlabel.core.prompt import ANSWER_CHOICES
 
 # vLLM's default --max-logprobs. The allowed first tokens of a yes/no value are the prefixes of both
 # answers, each also followed by the closing quote and the punctuation after it, and at a mid-token start
@@ -96,7 +96,7 @@ def answer_probabilities(content: list[dict[str, Any]] | None, questions: list[d
     """Probabilities of every allowed answer per question, from ``choices[0].logprobs.content``.
 
     ``content``: vLLM's list of {token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]} for a
-    compact JSON answer produced under the answer schema (``vidlabel.prepare.prompt.answer_schema``) with
+    compact JSON answer produced under the answer schema (``vidlabel.core.prompt.answer_schema``) with
     ``logprobs_request()`` in the request. Never raises for bad or incomplete log-probabilities: every
     question it cannot give probabilities for is in ``missing`` with the reason, also one whose
     unresolved share (``answer_distributions``) exceeds ``max_unresolved``.

@@ -23,7 +23,7 @@ Inputs, each logged with the decision:
   in its config.json) stores the weights at the method's width (``QUANTIZED_BYTES``: fp8 one byte
   per parameter, so Qwen2.5-VL-72B fits one H200); a ``--kv-cache-dtype fp8`` halves the KV cache.
 - GPU decoding (``planning.decode: gpu``) takes memory per API server from every GPU of a copy
-  (``vidlabel.serve.decode.gpu_reserve_gib``). Layers vLLM leaves unquantized
+  (``vidlabel.core.decode.gpu_reserve_gib``). Layers vLLM leaves unquantized
   (embeddings, the vision tower: about 4 % of the 72B) fit inside the overhead.
 
 When memory or the model's size is unknown, ``auto`` uses every GPU for one copy (the safe layout for
@@ -45,7 +45,8 @@ from typing import TYPE_CHECKING
 
 from vidlabel import families
 from vidlabel.core.models import model_files
-from vidlabel.serve import decode, quantization
+from vidlabel.core import decode
+from vidlabel.serve import quantization
 
 if TYPE_CHECKING:
     from vidlabel.serve.settings import LayoutSettings, ServeSettings

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from vidlabel.core import identity
-from vidlabel.prepare.prompt import response_format
+from vidlabel.core.prompt import response_format
 from vidlabel.serve.command import placeholder_command
 from vidlabel.serve.confidence import logprobs_request
 from vidlabel.serve.probe import ServerIdentity

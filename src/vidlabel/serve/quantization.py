@@ -10,7 +10,7 @@ H200). A method given in ``classify.server_args`` instead still sizes the layout
 
 from __future__ import annotations
 
-from vidlabel.serve.decode import flag_value
+from vidlabel.core.decode import flag_value
 
 FLAG = "--quantization"
 FLAG_ALIASES = ("--quantization", "-q")

@@ -30,7 +30,7 @@ from typing import Callable
 
 import httpx
 
-from vidlabel.serve import decode
+from vidlabel.core import decode
 from vidlabel.serve.command import ServerCopy, build_command, free_port, server_environment, single_copy
 from vidlabel.serve.error_kinds import fatal_error, response_message
 from vidlabel.serve.settings import ServeSettings

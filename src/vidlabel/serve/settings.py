@@ -17,8 +17,8 @@ from vidlabel import families
 from vidlabel.core import settings as stage_settings
 from vidlabel.families import Family, ImageBounds, Sampling
 from vidlabel.prepare import planning
-from vidlabel.prepare.prompt import response_format
-from vidlabel.serve import decode
+from vidlabel.core.prompt import response_format
+from vidlabel.core import decode
 from vidlabel.serve.confidence import logprobs_request
 from vidlabel.serve.items import MediaLimits
 
@@ -76,7 +76,7 @@ class ServerSettings:
     sampling: Sampling
     image_bounds: ImageBounds
     allowed_media_path: str  # the one directory the server may read (planning.allowed_media_path)
-    decode_backend: str  # vLLM's video codec backend for planning.decode (vidlabel.serve.decode)
+    decode_backend: str  # vLLM's video codec backend for planning.decode (vidlabel.core.decode)
     quantization: str | None  # classify.quantization (vidlabel.serve.quantization)
     # What the job's data need the server to accept (vidlabel.serve.items.job_limits); set per job.
     media_limits: MediaLimits = field(default_factory=MediaLimits)
