@@ -25,7 +25,8 @@ from standin.shards import (
     manifest_rows,
 )
 
-from vidlabel.serve.client import ClassifyClient, ClientSettings
+from vidlabel.serve.classify import attach_requests
+from vidlabel.serve.client import ClassifyClient
 from vidlabel.serve.concurrency import next_ceiling, parse_metrics
 from vidlabel.serve.deadline import DEADLINE_FACTOR, MIN_ANSWERS, Deadlines, Expired
 from vidlabel.serve.endpoints import DOWN, SUSPECT, UP, Endpoints, NoLiveEndpoint
@@ -400,6 +401,9 @@ def _run(cfg, tmp_path, rows, faults=(), endpoints=None, settings=None):
     """Start stand-in(s) with ``faults`` and classify ``rows``; returns (records, request events, client)."""
     log = tmp_path / "requests.jsonl"
     cfg["classify"]["server_command"] = standin_command(sys.executable, log, *YES_IF, *faults)
+    for row in rows:  # a test may have edited a row since it was made: its items and request anew
+        row.pop("items", None)
+    attach_requests(ServeSettings.from_config(cfg), rows)
 
     async def scenario():
         with VLLMServer(ServeSettings.from_config(cfg), tmp_path / "server.log") as server:
@@ -425,12 +429,15 @@ def _max_overlap(events) -> int:
     return best
 
 
-def test_request_body_names_the_video_as_a_file_uri():
-    client = ClassifyClient([("http://127.0.0.1:9/v1", "secret")], ClientSettings(model="m", questions=QUESTIONS))
-    body = json.loads(client._body({"media_path": "/m/a b.mp4", "prompt": "é \"q\"", "request_id": "r1"}, 64))
-    assert body["messages"][0]["content"][0]["video_url"]["url"] == "file:///m/a%20b.mp4"
-    assert body["messages"][0]["content"][1]["text"] == "é \"q\""
-    assert (body["model"], body["max_tokens"], body["temperature"]) == ("m", 64, 0.0)
+def test_request_body_names_the_video_as_a_file_uri(tmp_path, media):
+    cfg = make_config(tmp_path, media)
+    (row,) = manifest_rows(cfg, [{"post_id": "p", "media_path": str(media / "clip.mp4"), "caption": "é \"q\""}])
+    client = ClassifyClient([("http://127.0.0.1:9/v1", "secret")], ServeSettings.from_config(cfg).client)
+    body = json.loads(client._body(row, 64))
+    assert body == row["request"].body(64)  # the body is the row's Request's, and nothing else
+    assert body["messages"][0]["content"][0]["video_url"]["url"] == (media / "clip.mp4").as_uri()
+    assert body["messages"][0]["content"][1]["text"] == row["prompt"] and 'é "q"' in row["prompt"]
+    assert (body["model"], body["max_tokens"], body["temperature"]) == ("standin-model", 64, 0)
     assert body["response_format"]["json_schema"]["schema"]["required"] == [q["id"] for q in QUESTIONS]
 
 
@@ -527,6 +534,9 @@ def test_a_file_missing_for_a_moment_is_sent_again_once_it_is_back(tmp_path, med
 
     log = tmp_path / "requests.jsonl"
     cfg["classify"]["server_command"] = standin_command(sys.executable, log, *YES_IF)
+    for row in rows:  # the rows' paths were edited: their items and requests anew
+        row.pop("items", None)
+    attach_requests(ServeSettings.from_config(cfg), rows)
 
     async def scenario():
         with VLLMServer(ServeSettings.from_config(cfg), tmp_path / "server.log") as server:

@@ -13,10 +13,11 @@ import pytest
 
 from vidlabel.core import config as vconfig
 from vidlabel.core import identity, models
+from vidlabel.core import decode
 from vidlabel.core import settings as stage_settings
 from vidlabel.prepare import planning
-from vidlabel.core import decode
 from vidlabel.serve.command import CommandError, ServerCopy, build_command
+from vidlabel.serve.items import post_items
 from vidlabel.serve.provenance import JobIdentity
 from vidlabel.serve.server import ServerError, ServerGroup
 from vidlabel.serve.settings import ServeSettings
@@ -77,12 +78,13 @@ def test_decoder_and_quantization_are_in_every_answers_identity(tmp_path, monkey
         assert stage_settings.fingerprint(configs["cpu"], stage) != stage_settings.fingerprint(configs["gpu"], stage)
     # And the request fingerprint a journaled answer is reused under.
     row = {"request_id": "r", "post_id": "p", "media_path": "/nonexistent.mp4", "prompt": "x",
-           "est_prompt_tokens": 10}
+           "est_prompt_tokens": 10, "items": post_items({"media_path": "/nonexistent.mp4"})}
     jobs = {name: JobIdentity.resolve(ServeSettings.from_config(c)) for name, c in configs.items()}
-    prints = {name: job.fingerprint(row, identity.media_item(row["media_path"])) for name, job in jobs.items()}
+    media = {row["media_path"]: identity.media_item(row["media_path"])}
+    prints = {name: job.request(row, media).fingerprint() for name, job in jobs.items()}
     assert prints["auto"] == prints[decode.AUTO_DECODE]
     assert len({prints[k] for k in (*decode.CHOICES, "fp8")}) == 4
-    assert "--quantization" in jobs["fp8"].server["command"]
+    assert "--quantization" in dict(jobs["fp8"].answering.server)["command"]
 
 
 def test_quantization_goes_into_the_command_and_may_differ_per_model():

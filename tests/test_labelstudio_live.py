@@ -43,6 +43,7 @@ from test_label_sample import write_transcript_chunks
 
 from vidlabel.analyze import aggregate, labelstudio
 from vidlabel.analyze.label_sample import sample_questions
+from vidlabel.analyze.sample_design import read_design
 from vidlabel.core.config import load
 from vidlabel.demo_mixed import camera_photo
 
@@ -74,10 +75,12 @@ def drawn(tmp_path_factory):
     demo = get_demo_set(tmp_path_factory)
     workdir = tmp_path_factory.mktemp("labelstudio-workflow")
     results = workdir / "results"
-    inventory = pq.read_table(demo.inventory)
-    probed = [r for r in inventory.to_pylist() if r["probe_error"] is None]
-    (results / "manifest").mkdir(parents=True)
-    shutil.copy(demo.inventory, results / "inventory.parquet")
+    # Each demo post four times (the copies share its media): enough posts for an active draw that keeps its
+    # coverage, whose probabilities vary, so that the round trip checks each label keeps its post's own.
+    demo_rows = [r for r in pq.read_table(demo.inventory).to_pylist() if r["probe_error"] is None]
+    probed = [{**r, "post_id": copy_id(r["post_id"], k)} for k in range(COPIES) for r in demo_rows]
+    (results / "manifest" / "qwen2_5_vl").mkdir(parents=True)  # the default model's plan
+    pq.write_table(pa.Table.from_pylist(probed, pq.read_schema(demo.inventory)), results / "inventory.parquet")
     write_transcript_chunks(results, {})
     for shard in range(2):  # write_overlay's classify.shards
         part = probed[shard::2]
@@ -85,17 +88,16 @@ def drawn(tmp_path_factory):
             "request_id": [f"r-{r['post_id']}" for r in part], "post_id": [r["post_id"] for r in part],
             "items": pa.array([_items(demo, r) for r in part], ITEMS),
             "video_path": [r["video_path"] for r in part], "caption": [r["caption"] for r in part],
-            "transcript": [demo.expected[r["post_id"]]["text"] for r in part]}),
-            results / "manifest" / f"shard-{shard}.parquet")
-    # One active draw (varying pi): the round trip checks that each label keeps its own probability.
-    config_overrides = {"label_sample": {"budget": 6, "seed": 3, "design": "active"}}
+            "transcript": [demo.expected[demo_post(r["post_id"])]["text"] for r in part]}),
+            results / "manifest" / "qwen2_5_vl" / f"shard-{shard}.parquet")
+    config_overrides = {"label_sample": {"budget": 24, "seed": 3, "design": "active"}}
     overlay = write_overlay(workdir, demo.root, config_overrides)
     config = load(REPO / "config" / "config.yaml", yaml.safe_load(overlay.read_text()))
     ids = [q["id"] for q in config["classify"]["questions"]]
     rng = np.random.default_rng(5)
     rows = []
     for i, r in enumerate(probed):
-        failed = i == 2  # the model's request failed: drawn more often, coded all the same
+        failed = i % 10 == 2  # the model's request failed: drawn more often, coded all the same
         p = rng.uniform(0.02, 0.98, len(ids))
         rows.append({"post_id": r["post_id"], "status": "error" if failed else "ok",
                      **{q: None if failed else ("yes" if pq_ > 0.5 else "no") for q, pq_ in zip(ids, p)},
@@ -115,15 +117,25 @@ ITEMS = pa.list_(pa.struct([("index", pa.int64()), ("kind", pa.string()), ("path
                             ("media_path", pa.string()), ("label", pa.string()), ("est_tokens", pa.int64()),
                             ("transcript_id", pa.string())]))
 PHOTO_SIZE = (640, 800)  # (width, height), upright (no orientation tag)
+COPIES = 4
+
+
+def copy_id(post_id: str, k: int) -> str:
+    return post_id if k == 0 else f"{post_id}-copy{k}"
+
+
+def demo_post(post_id: str) -> str:
+    """The demo post a copy was made of."""
+    return post_id.split("-copy")[0]
 
 
 def _items(demo, row) -> list[dict]:
     """The post's clip alone, or (every other post) a carousel of the clip and a photo beside it."""
     video = {"index": 0, "kind": "video", "path": row["video_path"], "media_path": row["video_path"],
              "label": None, "est_tokens": None, "transcript_id": None}
-    if int(hashlib.sha256(row["post_id"].encode()).hexdigest(), 16) % 2:
+    if int(hashlib.sha256(demo_post(row["post_id"]).encode()).hexdigest(), 16) % 2:
         return [video]
-    photo = camera_photo(Path(demo.media) / "labelstudio-photos" / f"{row['post_id']}.jpg", PHOTO_SIZE, 5)
+    photo = camera_photo(Path(demo.media) / "labelstudio-photos" / f"{demo_post(row['post_id'])}.jpg", PHOTO_SIZE, 5)
     return [{**video, "label": "Video 1 of 1"}, {"index": 1, "kind": "image", "path": str(photo),
                                                  "media_path": str(photo), "label": "Photo 1 of 1", "est_tokens": None,
                                                  "transcript_id": None}]
@@ -297,9 +309,11 @@ def test_label_studio_round_trip(drawn, label_studio, browser_page, tmp_path):
     ids = [q["id"] for q in questions]
     sample = _read_csv(sample_dir / "sample.csv")
     assert len(sample) >= 2, "the draw must give a disagreement and an agreement to code"
-    design = {r["post_id"]: r for r in pq.read_table(sample_dir / "design.parquet").to_pylist()}
+    design_table, metadata = read_design(sample_dir / "design.parquet")
+    design = {r["post_id"]: r for r in design_table.to_pylist()}
+    assert metadata["design"] == "active" and "requested_design" not in metadata
     assert len({round(design[r["post_id"]]["pi"], 9) for r in sample}) > 1, "expected varying pi (active design)"
-    inventory = {r["post_id"]: r for r in pq.read_table(demo.inventory).to_pylist()}
+    inventory = {r["post_id"]: r for r in pq.read_table(workdir / "results" / "inventory.parquet").to_pylist()}
 
     # Project from the generated config, local-files storage on media_root, the generated tasks.
     label_config = (sample_dir / "labelstudio_config.xml").read_text()
@@ -323,7 +337,7 @@ def test_label_studio_round_trip(drawn, label_studio, browser_page, tmp_path):
     # Every labelling page plays its clip at the inventory's size, duration and frame rate, and shows a
     # carousel's photo at its own size.
     page = browser_page
-    for row in sample:
+    for row in {demo_post(r["post_id"]): r for r in reversed(sample)}.values():  # each clip once
         probe = inventory[row["post_id"]]
         state = _labelling_page(page, api, project, task_of[row["post_id"]], photo=row["post_id"] in carousels)
         if row["post_id"] in carousels:
@@ -353,7 +367,8 @@ def test_label_studio_round_trip(drawn, label_studio, browser_page, tmp_path):
     # adjudicator's annotation of that post, set as ground truth, decides it.
     coder_ids = [api("POST", "/api/users/", json={"email": email, "username": email.split("@")[0]})["id"]
                  for email in CODERS]
-    truth = {r["post_id"]: {q: "yes" if demo.expected[r["post_id"]]["promotes_product"] and q == ids[0] else "no"
+    truth = {r["post_id"]: {q: "yes" if demo.expected[demo_post(r["post_id"])]["promotes_product"] and q == ids[0]
+                            else "no"
                             for q in ids} for r in sample}
     coded = {post: [dict(labels), dict(labels)] for post, labels in truth.items()}
     disputed = ids[0]

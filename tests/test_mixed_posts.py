@@ -81,7 +81,8 @@ def workdir(tmp_path_factory, posts):
 
 @pytest.fixture(scope="module")
 def manifested(workdir):
-    run_snakemake(workdir, "results/manifest/plan.csv")
+    # The overlay's one model is planned as qwen2_5_vl with transcripts (vidlabel.core.models.plan_name).
+    run_snakemake(workdir, "results/manifest/qwen2_5_vl/plan.csv")
     return workdir
 
 

@@ -23,8 +23,8 @@ from vidlabel.families.base import Family
 from vidlabel.families.qwen2_5_vl import Qwen25VL
 from vidlabel.prepare import post_plan
 from vidlabel.serve import command
-from vidlabel.serve.classify import ServerBelowPlan, read_shard, run_shard
-from vidlabel.serve.items import MediaLimits, identities, job_limits, named_item
+from vidlabel.serve.classify import ServerBelowPlan, attach_requests, read_shard, run_shard
+from vidlabel.serve.items import MediaLimits, job_limits, named_item
 from vidlabel.serve.provenance import JobIdentity
 from vidlabel.serve.settings import ServeSettings
 
@@ -156,8 +156,10 @@ def test_a_one_video_manifest_is_sent_as_before(media, tmp_path):
     assert row["items"] == [{"index": 0, "kind": "video", "path": str(files["clip"]), "media_path": str(files["clip"]),
                              "label": None, "est_tokens": None, "est_embeds": None, "transcript_id": None}]
     cfg = vconfig.validate({"posts": "p.csv", "media_root": str(root), "results": str(tmp_path / "results"),
-                            "planning": {"model_family": "qwen2_5_vl"}, "classify": {"model": MODEL, "questions": QUESTIONS}})
+                            "planning": {"model_family": "qwen2_5_vl"},
+                            "classify": {"model": MODEL, "questions": QUESTIONS, "endpoints": ["http://x/v1"]}})
     client = ClassifyClient([("http://127.0.0.1:9", "k")], ServeSettings.from_config(cfg).client)
+    attach_requests(ServeSettings.from_config(cfg), [row])
     body = json.loads(client._body(row, 8))
     assert body["messages"] == [{"role": "user", "content": [
         {"type": "video_url", "video_url": {"url": files["clip"].as_uri()}}, {"type": "text", "text": "PROMPT"}]}]
@@ -175,7 +177,7 @@ def test_the_answer_depends_on_every_item(media, tmp_path):
 
     def fingerprint(r) -> str:
         paths = [i["media_path"] for i in r["items"] if i["media_path"]]
-        return job.fingerprint(r, identities(r["items"], identity.media_items(paths)))
+        return job.request(r, identity.media_items(paths)).fingerprint()
 
     first = fingerprint(row)
     assert fingerprint(json.loads(json.dumps(row))) == first

@@ -45,6 +45,7 @@ class MixedShards:
         monkeypatch.setenv("PATH", f"{shim.parent}{os.pathsep}{os.environ['PATH']}")
         self.config = vconfig.validate({
             "posts": str(tmp / "posts.csv"), "media_root": str(media_root), "results": str(tmp / "results"),
+            "planning": {"model_family": "qwen2_5_vl"},
             "classify": {"model": MODEL, "questions": QUESTIONS, "concurrency": 4, "max_attempts": 2,
                          "backoff_initial_s": 0.01, "backoff_max_s": 0.05, "startup_timeout_s": 60,
                          "shutdown_grace_s": 2, "health_interval_s": 0.5}})

@@ -11,6 +11,8 @@ import pyarrow as pa
 from vidlabel.core import config as vconfig
 from vidlabel.core.io import write_parquet
 from vidlabel.core.prompt import render_prompt, request_id
+from vidlabel.serve.classify import attach_requests
+from vidlabel.serve.settings import ServeSettings
 
 from . import standin_command
 
@@ -51,7 +53,8 @@ def make_config(tmp: Path, media_root: Path, request_log: Path | None = None, fa
 
 
 def manifest_rows(config: dict, posts: list[dict]) -> list[dict]:
-    """Manifest rows for ``posts`` (dicts with post_id, media_path, caption, transcript)."""
+    """Manifest rows for ``posts`` (dicts with post_id, media_path, caption, transcript), each with the request
+    and fingerprint a classify job gives it (vidlabel.serve.classify.attach_requests)."""
     c = config["classify"]
     rows = []
     for p in posts:
@@ -63,6 +66,7 @@ def manifest_rows(config: dict, posts: list[dict]) -> list[dict]:
             "est_visual_tokens": 100, "est_text_tokens": len(prompt) // 4,
             "est_prompt_tokens": 100 + len(prompt) // 4, "plan": "as-is",
         })
+    attach_requests(ServeSettings.from_config(config), rows)  # the body each is sent: its Request's
     return rows
 
 

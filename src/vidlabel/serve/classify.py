@@ -50,7 +50,7 @@ from vidlabel.serve.client import ClassifyClient, ClientSettings, Stopped, run
 from vidlabel.serve.command import server_copies
 from vidlabel.serve.endpoints import DOWN, UP, NoLiveEndpoint, external_endpoints
 from vidlabel.serve.error_kinds import FatalClientError
-from vidlabel.serve.items import identities, job_limits, post_items, sent_items
+from vidlabel.serve.items import job_limits, post_items, sent_items
 from vidlabel.serve.parallelism import choose_layout
 from vidlabel.serve.probe import CalibrationBelowPlan, CalibrationMediaError
 from vidlabel.serve.progress import Progress
@@ -122,6 +122,20 @@ def read_shard(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
+def attach_requests(settings: ServeSettings, rows: list[dict[str, Any]]) -> JobIdentity:
+    """Give every manifest row its ``request`` (vidlabel.serve.request: what its answer depends on, and the
+    body sent for it) and that request's ``fingerprint``; the job's identity, resolved once."""
+    job = JobIdentity.resolve(settings)
+    for row in rows:
+        row.setdefault("items", post_items(row))
+    media = identity.media_items([i["media_path"] for r in rows for i in sent_items(r["items"])],
+                                 settings.media_identity)
+    for row in rows:
+        row["request"] = job.request(row, media)
+        row["fingerprint"] = row["request"].fingerprint()
+    return job
+
+
 def run_shard(config: dict, shard_path: str | Path, output_path: str | Path, journal_path: str | Path,
               server_log_path: str | Path, shard: int) -> None:
     """Classify every request of a manifest shard under ``config`` (one model's); see the module
@@ -143,12 +157,8 @@ def classify_shard(settings: ServeSettings, shard_path: str | Path, output_path:
     except ValueError as exc:
         raise ClassifyError(f"shard {shard}: {exc}") from None
     settings = settings.with_media_limits(limits)
-    job = JobIdentity.resolve(settings)
+    job = attach_requests(settings, rows)
     provenance = Provenance.of(settings, job, shard)
-    media = identity.media_items([i["media_path"] for r in rows for i in sent_items(r["items"])],
-                                 settings.media_identity)
-    for row in rows:
-        row["fingerprint"] = job.fingerprint(row, identities(row["items"], media))
     try:
         journal = Journal(journal_path, key="request_id", fsync=settings.journal_fsync).__enter__()
     except JournalLocked as exc:

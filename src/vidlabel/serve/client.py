@@ -49,7 +49,6 @@ from typing import Any, Callable, Coroutine, TypeVar
 
 import aiohttp
 
-from vidlabel.prepare.post_prompt import message_content
 from vidlabel.core.prompt import parse_answers
 from vidlabel.serve.breaker import Breaker, request_kinds
 from vidlabel.serve.concurrency import adapt
@@ -138,8 +137,6 @@ class ClassifyClient:
         self._connections = max(s.concurrency, s.adaptive_ceiling if s.adaptive else 0) + 8
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task] = []
-        # The parts of the body that are the same for every request, encoded once.
-        self._body_head = _dumps(s.request_settings())[:-1]
 
     async def __aenter__(self) -> "ClassifyClient":
         connector = aiohttp.TCPConnector(limit=self._connections, keepalive_timeout=KEEPALIVE_S)
@@ -182,8 +179,8 @@ class ClassifyClient:
 
     # ---- one attempt ---------------------------------------------------------------------------
     def _body(self, row: dict, max_tokens: int) -> bytes:
-        messages = [{"role": "user", "content": message_content(post_items(row), row["prompt"])}]
-        return f'{self._body_head},"max_tokens":{int(max_tokens)},"messages":{_dumps(messages)}}}'.encode()
+        """The attempt's body: the row's Request's (vidlabel.serve.request), nothing else."""
+        return _dumps(row["request"].body(max_tokens)).encode()
 
     def _readable_here(self, path: str) -> bool:
         """The file exists where the job runs, inside the directory the server is meant to read."""

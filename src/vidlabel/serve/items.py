@@ -4,9 +4,10 @@ A manifest row's ``items`` (docs/outputs.md) is the post's ordered list of media
 ``index``, ``kind`` (video, image or audio), ``path`` (the original file), ``media_path`` (the file
 the server reads; null for audio that goes as its transcript), ``label`` ("Photo 3 of 12"), ``est_tokens``
 (its prompt tokens, markers included), ``est_embeds`` (what vLLM's encoder cache holds of it), ``part``
-(``sound``: the sound of video ``index``, heard as an item of its own) and ``transcript_id``. It decides what is sent (``post_prompt.message_content``)
-and what the answer depends on (``identities``). A manifest of one-video posts (``media_path`` and no
-``items``) is read as one unlabelled video item, so that such a post is sent as it always was.
+(``sound``: the sound of video ``index``, heard as an item of its own) and ``transcript_id``. It decides
+what is sent and what the answer depends on (vidlabel.serve.request). A manifest of one-video posts
+(``media_path`` and no ``items``) is read as one unlabelled video item, so that such a post is sent as
+it always was.
 
 ``named_item`` says which item a server error is about, where vLLM's message allows: a message that
 names the file (a missing file, a path outside the allowed directory), or one about "a(n) image item
@@ -55,15 +56,6 @@ def post_items(row: Mapping[str, Any]) -> list[dict]:
 def sent_items(items: Iterable[Mapping]) -> list[Mapping]:
     """The items whose file the server reads, in order."""
     return [i for i in items if i["kind"] in SENT_KINDS and i.get("media_path")]
-
-
-def identities(items: Iterable[Mapping], media: Mapping[str, Any]) -> list[dict]:
-    """What of each item an answer depends on, in the post's order: its kind, part, label and transcript,
-    and the identity of the file the server reads (``media``: vidlabel.core.identity.media_items)."""
-    return [{"index": i.get("index"), "kind": i["kind"], "label": i.get("label"),
-             "media": media[i["media_path"]] if i.get("media_path") else None,
-             "transcript": i.get("transcript_id"), **({"part": i["part"]} if i.get("part") else {})}
-            for i in items]
 
 
 def named_item(message: str | None, items: list[Mapping]) -> Mapping | None:

@@ -22,6 +22,7 @@ from vidlabel.serve.command import placeholder_command
 from vidlabel.serve.confidence import logprobs_request
 from vidlabel.serve.probe import ServerIdentity
 from vidlabel.serve.record import Record
+from vidlabel.serve.request import Answering, Request, request_of
 from vidlabel.serve.settings import ServeSettings
 
 log = logging.getLogger(__name__)
@@ -30,10 +31,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class JobIdentity:
     model: identity.ModelIdentity
-    server: dict[str, Any]
-    generation: dict[str, Any]
-    schema: dict[str, Any]
-    plan: dict[str, Any]
+    answering: Answering  # the job's part of every request (vidlabel.serve.request)
 
     @classmethod
     def resolve(cls, settings: ServeSettings) -> "JobIdentity":
@@ -58,16 +56,14 @@ class JobIdentity:
         generation = {"temperature": c.temperature, "max_tokens": c.max_tokens,
                       "logprobs": logprobs_request(c.top_logprobs),
                       "generation_config": settings.server.generation_config}
-        return cls(model=model, server=server, generation=generation,
-                   schema=response_format(list(c.questions)), plan=settings.plan.identity())
+        return cls(model=model, answering=Answering.of(
+            c.model, model.as_dict(), server, generation, response_format(list(c.questions)),
+            settings.plan.identity()))
 
-    def fingerprint(self, row: Mapping[str, Any], items: list[Mapping[str, Any]]) -> str:
-        """The request fingerprint of a manifest row whose items are ``items`` (vidlabel.serve.items.identities:
-        each item's kind, label, transcript and file identity, in the post's order)."""
-        return identity.answer_fingerprint(
-            prompt=row["prompt"], media=items, transcript=row.get("transcript_id"),
-            plan={"plan": row.get("plan"), **self.plan}, model=self.model.as_dict(), server=self.server,
-            generation=self.generation, schema=self.schema)
+    def request(self, row: Mapping[str, Any], media: Mapping[str, Any]) -> Request:
+        """The request of a manifest row, the identity of every file it sends in ``media``
+        (vidlabel.core.identity.media_items)."""
+        return request_of(row, row["items"], media, self.answering)
 
 
 def new_job_id(shard: int) -> str:

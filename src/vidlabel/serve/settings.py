@@ -17,9 +17,7 @@ from vidlabel import families
 from vidlabel.core import settings as stage_settings
 from vidlabel.families import Family, ImageBounds, Sampling
 from vidlabel.prepare import planning
-from vidlabel.core.prompt import response_format
 from vidlabel.core import decode
-from vidlabel.serve.confidence import logprobs_request
 from vidlabel.serve.items import MediaLimits
 
 
@@ -52,11 +50,6 @@ class ClientSettings:
     adaptive_floor: int = 4
     adaptive_ceiling: int = 64
     adaptive_interval_s: float = 2.0
-
-    def request_settings(self) -> dict[str, Any]:
-        """Every body field besides the messages and max_tokens: what decides the answer with them."""
-        return {"model": self.model, "response_format": response_format(list(self.questions)),
-                "temperature": self.temperature, **logprobs_request(self.top_logprobs)}
 
 
 @dataclass(frozen=True)
