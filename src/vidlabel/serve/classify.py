@@ -35,7 +35,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +55,7 @@ from vidlabel.serve.parallelism import choose_layout
 from vidlabel.serve.probe import CalibrationBelowPlan, CalibrationMediaError
 from vidlabel.serve.progress import Progress
 from vidlabel.serve.provenance import JobIdentity, Provenance
-from vidlabel.serve.record import labels_table
+from vidlabel.serve.record import Record, labels_table
 from vidlabel.serve.resume import from_other_servers, is_terminal, matching_records, resume_state
 from vidlabel.serve.server import ServerError, ServerGroup, log_tail
 from vidlabel.serve.settings import ServeSettings
@@ -185,40 +185,51 @@ def classify_shard(settings: ServeSettings, shard_path: str | Path, output_path:
     log.info("shard %d: wrote %s (%d rows)", shard, output_path, len(rows))
 
 
+@dataclass
+class JobStop:
+    """Why the job stops (the first reason wins: a signal, the server, the breaker, a fatal client error)
+    and how: ``no_new`` set, no new requests are sent; ``abort`` set, those in flight are abandoned."""
+
+    reason: str | None = None
+    message: str | None = None
+    no_new: asyncio.Event = field(default_factory=asyncio.Event)
+    abort: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def stop(self, reason: str, message: str | None = None, *, abort: bool = True) -> None:
+        if self.reason is None:
+            self.reason, self.message = reason, message
+        elif self.message is None:
+            self.message = message
+        self.no_new.set()
+        if abort:
+            self.abort.set()
+
+
 async def _classify(settings: ServeSettings, provenance: Provenance, rows: list[dict], pending: list[dict],
                     reused: dict, journal: Journal, prior: dict, server_log_path, shard: int) -> None:
     client_settings = settings.client
     grace_s = settings.server.shutdown_grace_s
-    stop_sending = asyncio.Event()  # no new requests (SIGTERM, watchdog, fatal error)
-    abort = asyncio.Event()  # abandon in-flight requests now
-    why: dict[str, str] = {}
+    stop = JobStop()
     loop = asyncio.get_running_loop()
 
     def on_signal(signame: str) -> None:
-        if "reason" not in why:
+        if stop.reason is None:
             log.warning("shard %d: %s received: no new requests; %g s grace for those in flight",
                         shard, signame, grace_s)
-        why.setdefault("reason", signame)
-        stop_sending.set()
+        stop.stop(signame, abort=False)
 
     def on_server_failure(message: str) -> None:
         if server is not None and "last lines of" not in message:  # not a process exit: show its logs
             message += "".join(f"; last lines of {s.log_path}:\n{log_tail(s.log_path)}" for s in server.servers)
         log.error("shard %d: no server left: %s", shard, message)
-        why.setdefault("reason", "server")
-        why.setdefault("message", message)
-        stop_sending.set()
-        abort.set()
+        stop.stop("server", message)
 
     def on_trip(trip: Trip) -> None:
         message = trip.message
         if server is not None and trip.kind == "server":
             message += "".join(f"\nlast lines of {s.log_path}:\n{log_tail(s.log_path)}" for s in server.servers)
         log.error("shard %d: stopping: %s", shard, message)
-        why.setdefault("reason", f"breaker:{trip.kind}")
-        why.setdefault("message", message)
-        stop_sending.set()
-        abort.set()
+        stop.stop(f"breaker:{trip.kind}", message)
 
     breaker = Breaker(PlannedLimits.of(settings.plan, settings.server.media_limits), on_trip)
     installed = []
@@ -243,19 +254,19 @@ async def _classify(settings: ServeSettings, provenance: Provenance, rows: list[
             client_settings = replace(client_settings, concurrency=client_settings.concurrency * layout.data)
             server = ServerGroup(settings, server_copies(settings, layout, server_log_path)).start()
             ready = asyncio.create_task(server.wait_ready())
-            stopper = asyncio.create_task(stop_sending.wait())
+            stopper = asyncio.create_task(stop.no_new.wait())
             await asyncio.wait({ready, stopper}, return_when=asyncio.FIRST_COMPLETED)
             stopper.cancel()
             if not ready.done():
                 ready.cancel()
                 await asyncio.gather(ready, return_exceptions=True)
-                raise JobInterrupted(f"shard {shard}: {why.get('reason')} while the server was starting; "
+                raise JobInterrupted(f"shard {shard}: {stop.reason} while the server was starting; "
                                      "nothing was sent")
             ready.result()  # raises ServerError
             endpoints = server.endpoints
 
         try:
-            client = ClassifyClient(endpoints, client_settings, stop_event=abort, on_failure=on_server_failure,
+            client = ClassifyClient(endpoints, client_settings, stop_event=stop.abort, on_failure=on_server_failure,
                                     owned=server is not None, breaker=breaker, calibration=calibration(settings))
             for index, (reason, final) in down.items():  # before the client probes the others
                 client.endpoints.mark_down(index, reason, final=final)
@@ -272,8 +283,8 @@ async def _classify(settings: ServeSettings, provenance: Provenance, rows: list[
                     watchdog = asyncio.create_task(server.watchdog(
                         lambda index, message: client.endpoints.mark_down(index, message, final=True)))
                 progress.in_flight = lambda: client.deadlines.in_flight
-                await _stream(client, pending, journal, prior, client_settings, provenance, progress, stop_sending,
-                              abort, why, grace_s, breaker, controls(rows, reused, pending))
+                await _stream(client, pending, journal, prior, client_settings, provenance, progress, stop,
+                              grace_s, breaker, controls(rows, reused, pending))
         except CalibrationMediaError as exc:
             raise MediaUnreachable(f"shard {shard}: {exc} — probable cause: "
                                    f"{probable_media_cause(exc.message)}. Nothing was sent; fix it "
@@ -290,13 +301,13 @@ async def _classify(settings: ServeSettings, provenance: Provenance, rows: list[
         for sig in installed:
             loop.remove_signal_handler(sig)
 
-    reason = why.get("reason")
+    reason = stop.reason
     if reason == "server":
-        raise ServerError(f"shard {shard}: {why['message']}")
+        raise ServerError(f"shard {shard}: {stop.message}")
     if breaker.tripped is not None:
-        raise TRIP_ERRORS[breaker.tripped.kind](f"shard {shard}: {why['message']}")
+        raise TRIP_ERRORS[breaker.tripped.kind](f"shard {shard}: {stop.message}")
     if reason == "fatal":
-        raise FatalClientError(f"shard {shard}: {why['message']}")
+        raise FatalClientError(f"shard {shard}: {stop.message}")
     if reason:
         raise JobInterrupted(f"shard {shard}: stopped by {reason}; {progress.stats.done} requests finished "
                              f"this run and are journaled; rerun to continue")
@@ -322,47 +333,40 @@ def control_for(controls: dict[frozenset[str], dict], kinds: frozenset[str]) -> 
 
 async def _stream(client: ClassifyClient, pending: list[dict], journal: Journal, prior: dict,
                   settings: ClientSettings, provenance: Provenance, progress: Progress,
-                  stop_sending: asyncio.Event, abort: asyncio.Event, why: dict, grace_s: float,
+                  stop: JobStop, grace_s: float,
                   breaker: Breaker, control_rows: dict[frozenset[str], dict] | None = None) -> None:
     rerun_limit = RERUN_ATTEMPT_FACTOR * settings.max_attempts
     in_flight: set[str] = set()
     control_tasks: dict[str, asyncio.Task] = {}  # control request id -> its task, once per job
 
-    def journal_records(records: list[dict]) -> None:
+    def journal_records(records: list[Record]) -> None:
         for rec in records:
             journal.append(rec.journal())
             progress.finished(rec)
 
-    def finish(rec: dict, row: dict, kinds: frozenset[str]) -> None:
-        if breaker.tripped and rec["http_status"] != 200:
+    def finish(rec: Record, row: dict, kinds: frozenset[str]) -> None:
+        if breaker.tripped and rec.http_status != 200:
             return  # no error of a failing server's requests is journaled: the rerun sends them again
-        before = prior.get(rec["request_id"])
+        before = prior.get(rec.request_id) or {}
         # Answers to requests of other media kinds prove nothing about this one (a server that cannot
         # decode videos answers every photo): its failures count only where requests like it were answered.
         proven = breaker.evidence.proven(kinds)
-        if rec["retryable"] and not proven:
-            rec["attempts"] = 0
-        if before:
-            rec["attempts"] += int(before.get("attempts") or 0)
-            rec["sends"] += int(before.get("sends") or 0)
-        if (rec["retryable"] and proven and rec["attempts"] >= rerun_limit
-                and rec["error_kind"] != "media_unreachable"):
-            rec["retryable"], rec["own_failure"] = False, True
-            rec["error"] = f"{rec['error']}; {rec['attempts']} attempts over several runs, giving up"
-        rec = provenance.record(rec, row)  # frozen from here on, stamped with what made it
-        journal_records(breaker.settle(rec, kinds, answered=rec["http_status"] == 200))
+        attempts = (0 if rec.retryable and not proven else rec.attempts) + int(before.get("attempts") or 0)
+        rec = rec.stamped(attempts=attempts, sends=rec.sends + int(before.get("sends") or 0))
+        if rec.retryable and proven and rec.attempts >= rerun_limit and rec.error_kind != "media_unreachable":
+            rec = rec.stamped(retryable=False, own_failure=True,
+                              error=f"{rec.error}; {rec.attempts} attempts over several runs, giving up")
+        rec = provenance.record(rec, row)
+        journal_records(breaker.settle(rec, kinds, answered=rec.http_status == 200))
 
-    async def send(row: dict) -> dict | None:
+    async def send(row: dict) -> Record | None:
         in_flight.add(row["request_id"])  # before the first await: see Breaker.turn
         try:
             return await client.classify(row)
-        except (Stopped, NoLiveEndpoint):  # the reason is in `why` already
+        except (Stopped, NoLiveEndpoint):  # the reason is in `stop` already
             return None
         except FatalClientError as exc:
-            why.setdefault("reason", "fatal")
-            why.setdefault("message", str(exc))
-            stop_sending.set()
-            abort.set()
+            stop.stop("fatal", str(exc))
             return None
         finally:
             in_flight.discard(row["request_id"])
@@ -382,7 +386,7 @@ async def _stream(client: ClassifyClient, pending: list[dict], journal: Journal,
             return False
         kinds = request_kinds(row["items"])
         control = control_for(control_rows or {}, kinds)
-        if rec["retryable"] and not breaker.evidence.proven(kinds) and control is not None:
+        if rec.retryable and not breaker.evidence.proven(kinds) and control is not None:
             await controlled(control)  # whether this failure is the request's own decides its attempts
         finish(rec, row, kinds)
         return True
@@ -390,9 +394,9 @@ async def _stream(client: ClassifyClient, pending: list[dict], journal: Journal,
     rows = iter(pending)
 
     async def worker() -> None:
-        while not stop_sending.is_set():
+        while not stop.no_new.is_set():
             await breaker.turn(in_flight)  # one at a time until the job's first answer
-            row = None if stop_sending.is_set() else next(rows, None)
+            row = None if stop.no_new.is_set() else next(rows, None)
             if row is None or not await one(row):
                 return
 
@@ -407,18 +411,18 @@ async def _stream(client: ClassifyClient, pending: list[dict], journal: Journal,
     # asyncio.wait, not gather: a gather future whose workers get cancelled holds a CancelledError
     # that nobody retrieves, and asyncio prints it as a traceback when the server dies mid-shard.
     all_done = asyncio.create_task(asyncio.wait(workers)) if workers else asyncio.create_task(asyncio.sleep(0))
-    stopper = asyncio.create_task(stop_sending.wait())
+    stopper = asyncio.create_task(stop.no_new.wait())
     stopper.add_done_callback(lambda _: breaker.stop_waiting())
     try:
         await asyncio.wait({all_done, stopper}, return_when=asyncio.FIRST_COMPLETED)
         if not all_done.done():
-            if not abort.is_set():
+            if not stop.abort.is_set():
                 # SIGTERM: the requests in flight may still finish within the grace period.
-                aborter = asyncio.create_task(abort.wait())
+                aborter = asyncio.create_task(stop.abort.wait())
                 await asyncio.wait({all_done, aborter}, timeout=grace_s,
                                    return_when=asyncio.FIRST_COMPLETED)
                 aborter.cancel()
-            abort.set()
+            stop.abort.set()
             for w in workers:
                 w.cancel()
     finally:

@@ -64,8 +64,8 @@ from vidlabel.serve.error_kinds import (
 )
 from vidlabel.serve.items import named_item, post_items, sent_items
 from vidlabel.serve.limit import InFlightLimit, backoff_s
-from vidlabel.serve.probe import Calibration
-from vidlabel.serve.record import new_result
+from vidlabel.serve.probe import Calibration, ServerIdentity
+from vidlabel.serve.record import Record, new_result
 from vidlabel.serve.settings import ClientSettings
 
 T = TypeVar("T")
@@ -263,16 +263,21 @@ class ClassifyClient:
         return _Outcome(completion=completion, endpoint=ep)
 
     # ---- one request -------------------------------------------------------------------------
-    async def classify(self, row: dict) -> dict:
-        """Run one manifest row to a record, retries included. Raises Stopped, NoLiveEndpoint or
-        FatalClientError."""
+    async def classify(self, row: dict) -> Record:
+        """Run one manifest row to its frozen record (retries included), stamped with the server that
+        answered; the job stamps what else made it (vidlabel.serve.provenance). Raises Stopped,
+        NoLiveEndpoint or FatalClientError."""
         await self.limit.acquire()
         try:
-            return await self._classify(row)
+            rec = await self._classify(row)
         finally:
             self.limit.release()
+        server = rec.pop("server")
+        return Record.from_journal({**rec, **({"server": server.label, "server_fingerprint": server.fingerprint}
+                                              if isinstance(server, ServerIdentity) else {})})
 
     async def _classify(self, row: dict) -> dict:
+        """The working result of one row while it is retried (vidlabel.serve.record.new_result)."""
         s = self.settings
         rec = new_result(row)
         max_tokens = s.max_tokens

@@ -20,7 +20,6 @@ from vidlabel.core import identity
 from vidlabel.core.prompt import response_format
 from vidlabel.serve.command import placeholder_command
 from vidlabel.serve.confidence import logprobs_request
-from vidlabel.serve.probe import ServerIdentity
 from vidlabel.serve.record import Record
 from vidlabel.serve.request import Answering, Request, request_of
 from vidlabel.serve.settings import ServeSettings
@@ -88,13 +87,10 @@ class Provenance:
                    settings_fingerprint=settings.settings_fingerprint, prompt_hash=settings.prompt_hash,
                    shard=shard, job_id=new_job_id(shard))
 
-    def record(self, result: Mapping[str, Any], row: Mapping[str, Any]) -> Record:
-        """The frozen record of a client result (vidlabel.serve.record.new_result) for ``row``."""
-        server = result.get("server")
-        served = ({"server": server.label, "server_fingerprint": server.fingerprint}
-                  if isinstance(server, ServerIdentity) else {})
-        return Record.from_journal({
-            **result, **served, "model": self.model, "model_revision": self.model_revision,
-            "settings_fingerprint": self.settings_fingerprint, "prompt_hash": self.prompt_hash,
-            "request_fingerprint": row["fingerprint"], "gpus": self.gpus, "job_id": self.job_id,
-            "shard": self.shard})
+    def record(self, result: Record, row: Mapping[str, Any]) -> Record:
+        """The client's record of ``row`` stamped with what made it: model, settings, prompt, request
+        fingerprint, GPUs, job and shard."""
+        return result.stamped(
+            model=self.model, model_revision=self.model_revision, settings_fingerprint=self.settings_fingerprint,
+            prompt_hash=self.prompt_hash, request_fingerprint=row["fingerprint"], gpus=self.gpus,
+            job_id=self.job_id, shard=self.shard)
