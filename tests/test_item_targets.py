@@ -69,6 +69,10 @@ def test_photos_planned_smaller_need_the_transcode_stages_files(cfg):
     failed = {("p", i, ""): {"status": "error", "error": "disk full", "media_path": None} for i in range(20)}
     out = rows(cfg, slideshow, failed, transcripts=transcripts)
     assert out.excluded[0][2] == "transcode_error" and "disk full" in out.excluded[0][3]
+    # Without its soundtrack's transcript the reason is that, before its length (as for one-video posts:
+    # tests/test_manifest.py).
+    out = rows(cfg, slideshow, failed, transcripts={})
+    assert out.excluded[0][2] == "transcript_error"
 
 
 def test_a_missing_soundtrack_transcript_is_never_no_speech(cfg):

@@ -93,6 +93,15 @@ def test_requests_exclusions_and_plan(tmp_path):
         assert int(p["est_prompt_tokens"]) == sum(r["est_prompt_tokens"] for r in mine)
 
 
+def test_a_missing_transcript_is_the_reason_before_too_long_as_for_posts_of_several_items(tmp_path):
+    """One-video posts (the vectorised path) are excluded in the order vidlabel.prepare.mixed_rows uses
+    (tests/test_item_targets.py): a post too long and without its transcript is a transcript_error."""
+    rows = base_rows() + [inventory_row("d", f"{MEDIA}/d.mp4", duration_s=600.0, fps=30.0, width=1920, height=1080)]
+    _, excl, _ = run(make_config(tmp_path), tmp_path, rows=rows)
+    assert excl["long"]["reason"] == "too_long"
+    assert excl["d"]["reason"] == "transcript_error" and "no transcript" in excl["d"]["detail"]
+
+
 def test_a_missing_transcript_is_never_told_to_the_model_as_no_speech(tmp_path):
     """A post whose transcript failed is excluded (transcript_error); with transcribe.on_error:
     classify_without it is classified with a prompt that says the transcript is unavailable, and its

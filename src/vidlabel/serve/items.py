@@ -35,7 +35,6 @@ from vidlabel.serve.error_kinds import named_paths
 
 log = logging.getLogger(__name__)
 
-SENT_KINDS = ("image", "video", "audio")  # what the server may read a file of (audio: where the model hears it)
 # vLLM 0.26 (v1/engine/input_processor.py): "The decoder prompt contains a(n) image item with N embedding tokens"
 _ITEM_EMBEDS = re.compile(r"a\(n\) (image|video|audio) item with (\d+) embedding tokens", re.IGNORECASE)
 _MODALITY = re.compile(r"\b(image|video|audio)", re.IGNORECASE)
@@ -54,8 +53,9 @@ def post_items(row: Mapping[str, Any]) -> list[dict]:
 
 
 def sent_items(items: Iterable[Mapping]) -> list[Mapping]:
-    """The items whose file the server reads, in order."""
-    return [i for i in items if i["kind"] in SENT_KINDS and i.get("media_path")]
+    """The items whose file the server reads, in order: those the manifest gave a ``media_path``
+    (vidlabel.prepare.post_plan.sent_kinds decides which kinds are sent: audio only to a model that hears it)."""
+    return [i for i in items if i.get("media_path")]
 
 
 def named_item(message: str | None, items: list[Mapping]) -> Mapping | None:
