@@ -156,3 +156,38 @@ def test_the_docs_table_is_the_declaration():
     assert markdown_table() in docs
     assert {"prompt", "media", "transcript", "plan", "model", "server command", "server program", "generation",
             "answer schema", "running server"} == {i.name for i in INPUTS}
+
+
+def _launcher(path: Path, shebang: str, version_output: str) -> Path:
+    """A `vllm` launcher whose `--version` prints ``version_output`` (what asking it would say)."""
+    path.write_text(f"#!{shebang}\nimport sys\nprint({version_output!r})\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_the_server_program_is_its_installed_version_read_without_running_it(tmp_path, monkeypatch):
+    """A Python launcher: the version from its package's metadata by its own Python, `--version` never run
+    (it imports torch: 22-31 s on a GPU node); another launcher, or no metadata: `--version`."""
+    import sys
+
+    from vidlabel.core import identity
+    from vidlabel.core.launcher import launcher_python
+
+    site = tmp_path / "site"
+    (site / "vllm-0.26.0.dist-info").mkdir(parents=True)
+    (site / "vllm-0.26.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.26.0\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    launcher = _launcher(bin_dir / "vllm", sys.executable, "asked")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    assert identity.program_version([str(launcher), "serve", "m"]) == "vllm 0.26.0"
+    (site / "vllm-0.26.0.dist-info").rename(site / "vllm-0.27.1.dist-info")
+    (site / "vllm-0.27.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.27.1\n")
+    assert identity.program_version([str(launcher), "serve", "m"]) == "vllm 0.27.1"
+    monkeypatch.delenv("PYTHONPATH")  # no package metadata where the launcher's Python looks
+    assert identity.program_version([str(launcher), "serve", "m"]) == "vllm asked"
+    via_env = _launcher(bin_dir / "vllm-env", "/usr/bin/env -S python3 -u", "asked")
+    assert Path(launcher_python(str(via_env))).name == "python3"
+    shell = bin_dir / "vllm-sh"
+    shell.write_text("#!/bin/sh\necho 1\n")
+    assert launcher_python(str(shell)) is None

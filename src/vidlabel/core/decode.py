@@ -34,13 +34,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shlex
-import shutil
 import subprocess
 from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
+
+from vidlabel.core.launcher import launcher_python
 
 log = logging.getLogger(__name__)
 
@@ -296,26 +296,6 @@ def install_hint(message: str) -> str | None:
     return None
 
 
-def _interpreter(executable: str, environ: Mapping[str, str]) -> str | None:
-    """The Python that runs ``executable`` (a console script's shebang), or None when not a Python script."""
-    path = executable if os.sep in executable else shutil.which(executable, path=environ.get("PATH"))
-    if not path:
-        return None
-    try:
-        with open(path, "rb") as fh:
-            first = fh.readline(512).decode(errors="replace").strip()
-    except OSError:
-        return None
-    if not first.startswith("#!"):
-        return None
-    words = shlex.split(first[2:])
-    if words and os.path.basename(words[0]) == "env" and len(words) > 1:
-        words = words[1:]
-    if words and "python" in os.path.basename(words[0]):
-        return words[0] if os.sep in words[0] else shutil.which(words[0], path=environ.get("PATH"))
-    return None
-
-
 PREFLIGHT_TIMEOUT_S = 120.0
 
 
@@ -328,7 +308,7 @@ def preflight(argv: list[str], environ: Mapping[str, str]) -> str | None:
     need = REQUIREMENTS.get(name)
     if need is None or not argv:
         return None
-    python = argv[0] if os.path.basename(argv[0]).startswith("python") else _interpreter(argv[0], environ)
+    python = argv[0] if os.path.basename(argv[0]).startswith("python") else launcher_python(argv[0], environ)
     if python is None:
         log.info("decoder %s: cannot tell whether %s can import %s (not a Python console script); the first "
                  "request will", name, argv[0], need.module)

@@ -74,7 +74,9 @@ INPUTS: tuple[Input, ...] = (
     Input("server command", "the job's own server command and `server_args`, per-job fields (port, GPUs, "
           "copies) left out; every argument naming a file, by content", "request fingerprint",
           "every classify job with its own servers; a file it names, edited, reruns the jobs (their params)"),
-    Input("server program", "`vllm --version` (another program: its executable's path, size and time)",
+    Input("server program", "vLLM's installed version, read from its package metadata by the launcher's "
+          "Python (`vllm --version` where the launcher is not Python; another program: its executable's path, "
+          "size and time)",
           "request fingerprint", "every classify job with its own servers, also with nothing to send"),
     Input("generation", "temperature, max_tokens, log-probabilities asked, generation config",
           "request fingerprint", "every classify job"),

@@ -9,8 +9,11 @@
   downloaded here); ``ModelIdentity.by_name`` says so and the job logs it.
 - File-valued server arguments (``--chat-template x.jinja``: any argument naming an existing file) by
   their content.
-- The server program: ``vllm --version`` for vLLM (its launcher script is the same for every
-  version); another program by the path, size and modification time of its executable.
+- The server program: vLLM by its version (its launcher script is the same for every version), read
+  from the installed package's metadata by the Python the launcher runs on (a fraction of a second;
+  ``vllm --version`` imports torch and took 22-31 s on a GPU node before each job's server could
+  start), ``vllm --version`` where the launcher is not a Python script; another program by the path,
+  size and modification time of its executable.
 """
 
 from __future__ import annotations
@@ -23,12 +26,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from vidlabel.core.launcher import launcher_python
 from vidlabel.core.models import hub_snapshot
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".msgpack", ".h5", ".onnx")
 SMALL_FILE_BYTES = 64 * 1024 * 1024  # above: identified by size and time, like weights
 VERSION_TIMEOUT_S = 300.0  # `vllm --version` imports torch: seconds on a slow node
-PROGRAMS_ASKED = ("vllm",)
+PROGRAMS_ASKED = ("vllm",)  # the programs identified by their version; each is its package's name
+# Run by the launcher's own Python: the installed package's version, without importing the package.
+DISTRIBUTION_VERSION = "import importlib.metadata, sys; print(importlib.metadata.version(sys.argv[1]))"
 
 
 class IdentityError(RuntimeError):
@@ -147,11 +153,22 @@ def file_arguments(words: Sequence[str], cwd: str | os.PathLike | None = None) -
 
 
 def program_version(words: Sequence[str]) -> str:
-    """The server program's version: ``vllm --version``, or the executable's path, size and time."""
+    """The server program's version (module docstring), or the executable's path, size and time."""
     if not words:
         raise IdentityError("config key 'classify.server_command': the server command is empty")
     program = shutil.which(words[0]) or words[0]
-    if Path(program).name in PROGRAMS_ASKED:
+    name = Path(program).name
+    if name in PROGRAMS_ASKED:
+        python = launcher_python(program)
+        if python is not None:
+            try:
+                proc = subprocess.run([python, "-c", DISTRIBUTION_VERSION, name], capture_output=True, text=True,
+                                      timeout=VERSION_TIMEOUT_S, stdin=subprocess.DEVNULL)
+            except (OSError, subprocess.SubprocessError):
+                proc = None
+            version = proc.stdout.strip() if proc is not None and proc.returncode == 0 else ""
+            if version:
+                return f"{name} {version}"
         try:
             proc = subprocess.run([program, "--version"], capture_output=True, text=True, timeout=VERSION_TIMEOUT_S,
                                   stdin=subprocess.DEVNULL)
@@ -161,7 +178,7 @@ def program_version(words: Sequence[str]) -> str:
         if proc.returncode != 0 or not lines:
             raise IdentityError(f"{program} --version failed (exit status {proc.returncode}): "
                                 f"{(proc.stderr or proc.stdout).strip()[-500:]}")
-        return f"{Path(program).name} {lines[-1]}"
+        return f"{name} {lines[-1]}"
     try:
         st = os.stat(program)
     except OSError as exc:
