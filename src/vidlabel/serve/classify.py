@@ -277,7 +277,8 @@ async def _classify(settings: ServeSettings, provenance: Provenance, rows: list[
                     log.info("shard %d: every answer is journaled and came from the servers now up: nothing to send",
                              shard)
                     return
-                progress = Progress(len(rows), len(rows) - len(pending), shard, settings.progress_interval_s)
+                progress = Progress(len(rows), len(rows) - len(pending), shard, settings.progress_interval_s,
+                                    work=sum(int(r["est_prompt_tokens"] or 0) for r in pending))
                 if server is not None:
                     # A copy whose process exits is down for good; its traffic moves to the others.
                     watchdog = asyncio.create_task(server.watchdog(

@@ -1,4 +1,10 @@
-"""The progress line of a shard job: what finished this run, the rates, and an ETA (or a stall)."""
+"""The progress line of a shard job: what finished this run, the rates, and an ETA (or a stall).
+
+The ETA is the work left over the rate at which work was done, the work of a request being its
+estimated prompt tokens (the manifest's ``est_prompt_tokens``): a shard's videos cost ten times its
+photos, so requests left over requests per second would be far off wherever the post types come in
+runs. The rate is measured from this run's first answer on: the server's start and the first
+answers' latency are not part of the rate the rest of the job runs at."""
 
 from __future__ import annotations
 
@@ -27,22 +33,47 @@ class Stats:
 
 
 class Progress:
-    def __init__(self, total: int, already: int, shard: int, interval_s: float):
+    def __init__(self, total: int, already: int, shard: int, interval_s: float, work: float | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        """``total`` requests of the shard, ``already`` answered before this run; ``work``: the estimated
+        prompt tokens of the requests left (None or 0: unknown, each request counts as one)."""
         self.total = total
         self.already = already
         self.shard = shard
         self.interval_s = interval_s
         self.stats = Stats()
-        self.t0 = self.last_finish = time.monotonic()
+        self.clock = clock
+        self.t0 = self.last_finish = clock()
         self.in_flight: Callable[[], int] = lambda: 0
+        self.counts_tokens = bool(work)
+        self.work_left = float(work) if work else float(total - already)
+        self.first_finish: float | None = None
+        self.work_since_first = 0.0  # the work finished after this run's first answer
 
     def finished(self, rec: dict) -> None:
         self.stats.add(rec)
-        self.last_finish = time.monotonic()
+        self.last_finish = self.clock()
+        work = (rec.get("est_prompt_tokens") or self._mean_work()) if self.counts_tokens else 1.0
+        self.work_left = max(0.0, self.work_left - work)
+        if self.first_finish is None:
+            self.first_finish = self.last_finish
+        else:
+            self.work_since_first += work
+
+    def _mean_work(self) -> float:
+        left = self.total - self.already - self.stats.done + 1  # this one included
+        return self.work_left / max(1, left)
+
+    def eta_s(self) -> float | None:
+        """Seconds left (module docstring); None before two answers."""
+        if self.first_finish is None or self.work_since_first <= 0:
+            return None
+        rate = self.work_since_first / max(1e-9, self.clock() - self.first_finish)
+        return self.work_left / rate
 
     def line(self) -> str:
         s = self.stats
-        now = time.monotonic()
+        now = self.clock()
         elapsed = max(1e-9, now - self.t0)
         rate = s.done / elapsed
         done = self.already + s.done
@@ -54,7 +85,8 @@ class Progress:
             # An ETA from the average rate would keep counting down while nothing finishes.
             eta = f"stalled for {quiet:.0f} s ({self.in_flight()} in flight, none finished)"
         else:
-            eta = "ETA " + (f"{(self.total - done) / rate / 60:.1f} min" if rate > 0 else "?")
+            left = self.eta_s()
+            eta = "ETA " + (f"{left / 60:.1f} min" if left is not None else "?")
         return (f"shard {self.shard}: {done}/{self.total} done ({s.ok} ok, {s.error} error this run), "
                 f"{rate:.2f} req/s, {s.prompt_tokens / elapsed:.0f} input tok/s, "
                 f"{s.completion_tokens / elapsed:.1f} output tok/s, {eta}")
