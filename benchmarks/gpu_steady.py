@@ -127,7 +127,7 @@ def process_role(cmdline: str) -> str:
 
 
 class ProcSampler(_Sampler):
-    """Every second, CPU seconds so far of every thread of every process the job started."""
+    """Every second, CPU seconds so far of every process the job started and of its main thread."""
 
     def __init__(self, root: int | None = None):
         super().__init__()
@@ -144,8 +144,12 @@ class ProcSampler(_Sampler):
                 except OSError:
                     continue
             try:
-                for tid in os.listdir(f"/proc/{pid}/task"):
-                    threads[(pid, int(tid))] = _cpu_s(f"/proc/{pid}/task/{tid}/stat")
+                # The process's own total holds the threads that exited between samples too; its main
+                # thread apart (the pools are the difference). Summing the live threads lost the CPU of
+                # pool threads that ended: a reason the decode replay once came out above the measured
+                # total (a negative "rest"); the next GPU run tells whether it was the only one.
+                threads[(pid, None)] = _cpu_s(f"/proc/{pid}/stat")
+                threads[(pid, pid)] = _cpu_s(f"/proc/{pid}/task/{pid}/stat")
             except OSError:
                 continue
         return now, threads
@@ -233,12 +237,15 @@ def cpu_split(proc: ProcSampler, lo: float, hi: float, answers: int) -> dict:
     (_, first), (_, last) = inside[0], inside[-1]
     out: dict[str, float] = {}
     for (pid, tid), cpu in last.items():
-        used = cpu - first.get((pid, tid), 0.0) if (pid, tid) in first else cpu  # a thread born inside
+        if tid is not None:  # the main thread, counted within its process's total
+            continue
+        used = cpu - first.get((pid, None), 0.0)  # a process born inside: all of it
+        main = last.get((pid, pid), 0.0) - first.get((pid, pid), 0.0)
         role = process_role(proc.cmdlines.get(pid, ""))
         out[role] = out.get(role, 0.0) + used
         if role in ("api", "front"):
-            kind = "api_main_thread" if tid == pid else "api_pool_threads"
-            out[kind] = out.get(kind, 0.0) + used
+            out["api_main_thread"] = out.get("api_main_thread", 0.0) + main
+            out["api_pool_threads"] = out.get("api_pool_threads", 0.0) + used - main
     out["api"] = out.pop("api", 0.0) + out.pop("front", 0.0)
     return {k: v / answers for k, v in out.items()}
 

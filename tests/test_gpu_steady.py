@@ -67,11 +67,16 @@ def test_window_cpu_split_and_verdict_on_recorded_samples():
     assert list(gpu_steady.in_flight(records, [5.5, 50.5])) == [6, 10]
     proc = gpu_steady.ProcSampler(root=1)
     proc.cmdlines = {10: "VLLM::APIServer_0", 20: "VLLM::EngineCore_DP0"}
-    proc.samples = [(20.0, {(10, 10): 1.0, (10, 11): 5.0, (20, 20): 2.0}),
-                    (99.0, {(10, 10): 3.0, (10, 11): 12.9, (20, 20): 81.0, (10, 12): 0.9})]
+    # Each process's total (key (pid, None): /proc/<pid>/stat, threads that exited included) and its main
+    # thread's; the API server's pool threads used 7.9 + 0.9 s, and 1.5 s more on a thread that exited
+    # before the last sample (a sum over the live threads would miss it).
+    proc.samples = [(20.0, {(10, None): 6.0, (10, 10): 1.0, (20, None): 2.0, (20, 20): 2.0}),
+                    (99.0, {(10, None): 6.0 + 2.0 + 7.9 + 0.9 + 1.5, (10, 10): 3.0, (20, None): 81.0, (20, 20): 80.0}),
+                    (120.0, {(10, None): 99.0, (10, 10): 99.0})]  # after the window: not counted
     split = gpu_steady.cpu_split(proc, lo, hi, 79)
-    assert abs(split["api"] - (2.0 + 7.9 + 0.9) / 79) < 1e-9 and abs(split["engine"] - 1.0) < 1e-9
+    assert abs(split["api"] - (2.0 + 7.9 + 0.9 + 1.5) / 79) < 1e-9 and abs(split["engine"] - 1.0) < 1e-9
     assert abs(split["api_main_thread"] - 2.0 / 79) < 1e-9
+    assert abs(split["api_pool_threads"] - (7.9 + 0.9 + 1.5) / 79) < 1e-9
     assert "API servers" in gpu_steady.verdict({"gpu_busy": 70, "engine_waiting_median": 0, "engine_running_median": 9})
     assert "GPU sets the pace" in gpu_steady.verdict({"gpu_busy": 95, "engine_waiting_median": 3,
                                                       "engine_running_median": 32})
