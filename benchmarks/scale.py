@@ -44,8 +44,9 @@ import pyarrow.parquet as pq
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+from vidlabel.core import config as cfgmod  # noqa: E402
 from vidlabel.core import models  # noqa: E402
-from vidlabel.core import config as cfgmod
+from vidlabel.core.settings import for_job  # noqa: E402
 from vidlabel.serve.record import LABEL_SCHEMA  # noqa: E402
 
 STAGES = ["data", "manifest", "labels", "merge", "aggregate", "compare", "posts_check", "dryrun", "dryrun_done"]
@@ -67,6 +68,8 @@ def overlay(workdir: Path, args, results: Path | None = None) -> dict:
     return {"posts": str(workdir / "posts.parquet"), "media_root": str(workdir / "media"),
             "results": str(results or workdir / "results"), "human_labels": str(workdir / "human_labels.csv"),
             "transcribe": {"chunks": args.chunks},
+            # The synthetic model names are not real ones: the family is named, not looked up.
+            "planning": {"model_family": "qwen2_5_vl"},
             # Qwen2.5-VL-72B serves 128k; seed 000 saw prompts up to ~123k tokens.
             "classify": {"shards": args.shards, "max_model_len": 131072, "questions": QUESTIONS,
                          "models": model_names(args.models)}}
@@ -77,15 +80,22 @@ def make_config(workdir: Path, args) -> dict:
 
 
 def paths(workdir: Path, config: dict) -> dict:
-    """Every file a stage reads or writes, where the Snakefile puts it."""
+    """Every file a stage reads or writes, where the Snakefile puts it (the manifest per plan:
+    vidlabel.core.models.plans, workflow/rules/common.smk)."""
     res = Path(config["results"])
     shards = range(config["classify"]["shards"])
+    plan_of = {m: plan for plan, names in models.plans(config).items() for m in names}
+    manifest = {plan: res / "manifest" / plan for plan in models.plans(config)}
     return {
         "posts": Path(config["posts"]), "media": Path(config["media_root"]),
         "inventory": res / "inventory.parquet",
         "transcripts": [res / "transcripts" / f"chunk-{i}.parquet" for i in range(config["transcribe"]["chunks"])],
-        "manifest": [res / "manifest" / f"shard-{i}.parquet" for i in range(config["classify"]["shards"])],
-        "excluded": res / "manifest" / "excluded.parquet", "plan": res / "manifest" / "plan.csv",
+        "plans": list(manifest), "plan_of": plan_of,
+        # Per plan (results/manifest/<plan>/); the synthetic inventory needs no transcode (none is re-planned
+        # into the transcoded/<plan>/ chunks: the transcode stage is not timed here).
+        "manifest": {plan: [d / f"shard-{i}.parquet" for i in shards] for plan, d in manifest.items()},
+        "excluded": {plan: d / "excluded.parquet" for plan, d in manifest.items()},
+        "plan": {plan: d / "plan.csv" for plan, d in manifest.items()},
         "human": Path(config["human_labels"]), "compare": res / "compare",
         # Per model (results/models/<name>/, vidlabel.core.models).
         "label_shards": {m: [res / "models" / m / "labels" / f"shard-{i}.parquet" for i in shards]
@@ -136,15 +146,20 @@ def stage_data(workdir: Path, config: dict, args) -> dict:
 
 
 def stage_manifest(workdir: Path, config: dict, args) -> dict:
+    """One manifest per plan, as rule manifest builds it (scripts/manifest.py)."""
     from vidlabel.prepare import manifest
 
     p = paths(workdir, config)
-    p["manifest"][0].parent.mkdir(parents=True, exist_ok=True)
-    manifest.build(config, p["inventory"], p["transcripts"], [], p["manifest"], p["excluded"], p["plan"])
-    loads = [int(r["est_prompt_tokens"]) for r in csv.DictReader(open(p["plan"]))]
-    return {"requests": sum(pq.read_metadata(s).num_rows for s in p["manifest"]),
-            "excluded": pq.read_metadata(p["excluded"]).num_rows,
-            "shard_max_over_mean": round(max(loads) / (sum(loads) / len(loads)), 4)}
+    out = {}
+    for plan in p["plans"]:
+        p["manifest"][plan][0].parent.mkdir(parents=True, exist_ok=True)
+        manifest.build(for_job(config, "manifest", plan=plan), p["inventory"], p["transcripts"], [],
+                       p["manifest"][plan], p["excluded"][plan], p["plan"][plan])
+        loads = [int(r["est_prompt_tokens"]) for r in csv.DictReader(open(p["plan"][plan]))]
+        out[plan] = {"requests": sum(pq.read_metadata(s).num_rows for s in p["manifest"][plan]),
+                     "excluded": pq.read_metadata(p["excluded"][plan]).num_rows,
+                     "shard_max_over_mean": round(max(loads) / (sum(loads) / len(loads)), 4)}
+    return out if len(out) > 1 else next(iter(out.values()))
 
 
 def stage_labels(workdir: Path, config: dict, args) -> dict:
@@ -159,7 +174,9 @@ def stage_labels(workdir: Path, config: dict, args) -> dict:
     answer_text = np.array([json.dumps({q["id"]: ("yes" if bits >> k & 1 else "no") for k, q in enumerate(QUESTIONS)})
                             for bits in range(2 ** nq)], dtype=object)
     truth_all, ids_all = [], []
-    for s, src in enumerate(p["manifest"]):
+    if len(p["plans"]) != 1:  # one truth per post: the models must label the same requests
+        raise SystemExit(f"the labels stage needs the models of one plan, not {p['plans']}")
+    for s, src in enumerate(p["manifest"][p["plans"][0]]):
         req = pq.read_table(src, columns=["request_id", "post_id", "est_prompt_tokens"])
         ids = req.column("post_id").to_numpy(zero_copy_only=False)
         truth = rng.random((ids.size, nq)) < np.array([0.53, 0.2, 0.7])
@@ -223,8 +240,9 @@ def stage_merge(workdir: Path, config: dict, args) -> dict:
 
     p = paths(workdir, config)
     for name, labels in p["labels"].items():
-        merge.merge(config, p["inventory"], p["excluded"], p["label_shards"][name], labels,
-                    manifest_paths=p["manifest"])
+        plan = p["plan_of"][name]
+        merge.merge(for_job(config, "merge", name), p["inventory"], p["excluded"][plan], p["label_shards"][name],
+                    labels, manifest_paths=p["manifest"][plan])
     first = next(iter(p["labels"].values()))
     return {"rows": pq.read_metadata(first).num_rows, "mb": round(first.stat().st_size / 2**20, 1),
             "models": len(p["labels"])}
@@ -236,7 +254,7 @@ def stage_aggregate(workdir: Path, config: dict, args) -> dict:
     p = paths(workdir, config)
     corrected = []
     for name, labels in p["labels"].items():
-        aggregate.run(config, labels, p["human"], p["summary"][name])
+        aggregate.run(for_job(config, "aggregate", name), labels, p["human"], p["summary"][name])
         prev = list(csv.DictReader(open(p["summary"][name] / "prevalence.csv")))
         corrected += [f"{name}:{r['question']}={float(r['corrected']):.3f}"
                       f"[{float(r['corrected_lo']):.3f},{float(r['corrected_hi']):.3f}]" for r in prev]
@@ -250,7 +268,7 @@ def stage_compare(workdir: Path, config: dict, args) -> dict:
     p = paths(workdir, config)
     if len(p["labels"]) < 2:
         return {"skipped": "one model"}
-    compare.run(config, [(name, str(labels), str(p["summary"][name])) for name, labels in p["labels"].items()],
+    compare.run(for_job(config, "compare"), [(name, str(labels), str(p["summary"][name])) for name, labels in p["labels"].items()],
                 str(p["inventory"]), str(p["human"]), str(p["compare"]))
     with open(p["compare"] / "disagreements.csv") as fh:
         return {"disagreement_rows": sum(1 for _ in fh) - 1}

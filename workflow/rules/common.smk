@@ -1,4 +1,5 @@
 # Paths and input functions shared by the rules.
+import functools
 import re
 
 
@@ -50,9 +51,21 @@ def manifest_file(name):
     return lambda wildcards: f"{RESULTS}/manifest/{plan_of(wildcards)}/{name}"
 
 
+# The params below are computed once per stage and model or plan, not once per job: the config is fixed
+# for the whole run, and with 512 shards per model their per-job evaluation was a third of the dry run.
+@functools.cache
+def _fingerprint(stage, model=None, plan=None):
+    return vidlabel.core.settings.fingerprint(config, stage, model, plan=plan)
+
+
+@functools.cache
+def _files_state(model):
+    return vidlabel.core.identity.files_state(vidlabel.core.models.model_config(config, model))
+
+
 def plan_settings(stage):
     """A per-plan rule's params: the fingerprint of the stage's settings under that plan's config."""
-    return lambda wildcards: vidlabel.core.settings.fingerprint(config, stage, plan=wildcards.plan)
+    return lambda wildcards: _fingerprint(stage, plan=wildcards.plan)
 
 
 def label_shards(wildcards):
@@ -61,13 +74,13 @@ def label_shards(wildcards):
 
 def model_settings(stage):
     """A per-model rule's params: the fingerprint of the stage's settings under that model's config."""
-    return lambda wildcards: vidlabel.core.settings.fingerprint(config, stage, wildcards.model)
+    return lambda wildcards: _fingerprint(stage, wildcards.model)
 
 
 def model_files(wildcards):
     """A per-model classify rule's params: its model folder and the files its server command names, by
     content (vidlabel.core.identity.files_state), so that one overwritten in place reruns its jobs."""
-    return vidlabel.core.identity.files_state(vidlabel.core.models.model_config(config, wildcards.model))
+    return _files_state(wildcards.model)
 
 
 def human_labels(wildcards):

@@ -45,12 +45,16 @@ def check_label_columns(con, ids: Sequence[str], labels_path) -> None:
                          "Rerun the merge rule.")
 
 
-def answer_prob_expressions(con, ids: Sequence[str]) -> list[str]:
-    """Per question, the SQL expression of the model's P(yes) (sql/answer_prob.sql), or NULL for
-    labels written before ``answer_probs`` existed."""
+def answer_prob_expressions(con, ids: Sequence[str]) -> tuple[str, list[str]]:
+    """The SQL expression of every question's P(yes) and P(no) texts (one parse of ``answer_probs``,
+    the ``_prob_texts`` of sql/answers_long.sql), and per question the expression of the model's P(yes)
+    over them (sql/answer_prob.sql); NULL for labels written before ``answer_probs`` existed."""
     if "answer_probs" not in relation_columns(con, "labels"):
-        return ["CAST(NULL AS DOUBLE)"] * len(ids)
-    return ["(" + duck.sql("answer_prob", path=duck.literal(f'$.{duck.identifier(q)}')) + ")" for q in ids]
+        return "CAST(NULL AS VARCHAR[])", ["CAST(NULL AS DOUBLE)"] * len(ids)
+    paths = [duck.literal(f"$.{duck.identifier(q)}.{side}") for q in ids for side in ("yes", "no")]
+    texts = f"json_extract_string(answer_probs, [{', '.join(paths)}])"
+    return texts, ["(" + duck.sql("answer_prob", yes=f"_prob_texts[{2 * k + 1}]", no=f"_prob_texts[{2 * k + 2}]") + ")"
+                   for k in range(len(ids))]
 
 
 def create_answers_long(con, ids: Sequence[str], relation: str = "answers_long") -> None:
@@ -60,10 +64,11 @@ def create_answers_long(con, ids: Sequence[str], relation: str = "answers_long")
 
 def answers_long_sql(con, ids: Sequence[str]) -> str:
     """The query of ``answers_long`` over view ``labels`` for the question ids ``ids``."""
+    texts, probs = answer_prob_expressions(con, ids)
     return duck.sql("answers_long",
                     question_names=", ".join(duck.literal(q) for q in ids),
                     question_columns=", ".join(duck.identifier(q) for q in ids),
-                    question_probs=", ".join(answer_prob_expressions(con, ids)))
+                    question_probs=", ".join(probs), prob_texts=texts)
 
 
 def query_rows(con, query: str, params: dict | None = None) -> list[dict[str, Any]]:

@@ -118,20 +118,24 @@ def _by_item(table: pa.Table | None, post_ids: list[str], parts: bool = False) -
     return {(r["post_id"], int(r.get("item_index") or 0)): r for r in mine.to_pylist()}
 
 
-def _lookup(keys: pa.Array, table: pa.Table | None, column: str, dtype) -> pa.Array:
-    """Value of ``column`` for each item key (the last row per key wins), null when absent."""
-    if table is None or table.num_rows == 0 or column not in table.column_names:
-        return pa.nulls(len(keys), dtype)
+def _rows_of(keys: pa.Array, table: pa.Table | None) -> pa.Array:
+    """For each item key, the row of ``table`` that holds it (the last row per key wins, so a later chunk
+    overrides an earlier one), null when absent. Found once per table: every column looked up takes it."""
+    if table is None or table.num_rows == 0:
+        return pa.nulls(len(keys), pa.int64())
     ids = table.column("item_key").combine_chunks()
-    # Keep the last row of each key so a later chunk overrides an earlier one.
     rev = pa.array(np.arange(len(ids))[::-1])
     ids_rev = ids.take(rev)
     uniq_ids = ids_rev.unique()
     uniq_idx = pc.index_in(uniq_ids, value_set=ids_rev)  # first in reversed order = last row
-    src_rows = rev.take(uniq_idx)
-    pos = pc.index_in(keys, value_set=uniq_ids)
-    values = table.column(column).combine_chunks().take(src_rows).cast(dtype)
-    return values.take(pos)
+    return rev.take(uniq_idx).take(pc.index_in(keys, value_set=uniq_ids))
+
+
+def _lookup(rows: pa.Array, table: pa.Table | None, column: str, dtype) -> pa.Array:
+    """Value of ``column`` at each of ``rows`` (``_rows_of``), null where absent."""
+    if table is None or table.num_rows == 0 or column not in table.column_names:
+        return pa.nulls(len(rows), dtype)
+    return table.column(column).combine_chunks().take(rows).cast(dtype)
 
 
 def _excluded_table(post_id, video_path, reason, detail) -> pa.Table:
@@ -174,18 +178,19 @@ def build(config: dict, inventory_path, transcript_paths, transcode_paths, shard
     # Transcripts: ok -> the text; no_audio -> none; error or missing -> unavailable (module docstring). A plan
     # whose model hears the audio has none: its one-video posts are the videos without sound.
     tr = _keyed(_read_many(transcript_paths, ["post_id", "item_index", "text", "status", "error", "transcript_id"]))
-    tr_status = _lookup(keys, tr, "status", pa.string())
+    tr_rows = _rows_of(keys, tr)
+    tr_status = _lookup(tr_rows, tr, "status", pa.string())
     if heard and not transcript_paths:
         tr_status = pa.array(["no_audio"] * len(keys), pa.string())
     transcript = pc.fill_null(pc.if_else(pc.equal(pc.fill_null(tr_status, ""), "ok"),
-                                         _lookup(keys, tr, "text", pa.string()), pa.scalar(None, pa.string())), "")
+                                         _lookup(tr_rows, tr, "text", pa.string()), pa.scalar(None, pa.string())), "")
     status = np.asarray(pc.fill_null(tr_status, "").to_pylist(), dtype=object)
     unavailable = ~np.isin(status, ["ok", "no_audio"])
     transcript_status = np.where(unavailable, "unavailable", status).astype(object)
     available = pa.array(~unavailable)
-    transcript_id = _lookup(keys, tr, "transcript_id", pa.string())
+    transcript_id = _lookup(tr_rows, tr, "transcript_id", pa.string())
     exclude_unavailable = bool(transcript_paths) and transcript_on_error(config) == "exclude"
-    tr_error = np.asarray(_lookup(keys, tr, "error", pa.string()).to_pylist(), dtype=object)
+    tr_error = np.asarray(_lookup(tr_rows, tr, "error", pa.string()).to_pylist(), dtype=object)
 
     text_tokens = prompt_text_tokens(config, caption, transcript, available)
 
@@ -204,19 +209,20 @@ def build(config: dict, inventory_path, transcript_paths, transcode_paths, shard
     # Transcoded media, where present, is what the server reads: estimate on its real properties.
     tc = _keyed(_read_many(transcode_paths, ["post_id", "item_index", "part", "media_path", "status", "error", "fps",
                                              "width", "height", "duration_s", "frames", "samples", "plan"]))
-    tc_status = np.asarray(_lookup(keys, tc, "status", pa.string()).to_pylist(), dtype=object)
+    tc_rows = _rows_of(keys, tc)
+    tc_status = np.asarray(_lookup(tc_rows, tc, "status", pa.string()).to_pylist(), dtype=object)
     has_tc = tc_status == "ok"
     tc_failed = tc_status == "error"
     reason = np.full(len(post_id), None, dtype=object)
     detail = np.full(len(post_id), None, dtype=object)
     if has_tc.any():
         idx = np.flatnonzero(has_tc)
-        tcv = {k: np.nan_to_num(_lookup(keys, tc, k, pa.float64()).to_numpy(zero_copy_only=False)[idx], nan=0.0)
+        tcv = {k: np.nan_to_num(_lookup(tc_rows, tc, k, pa.float64()).to_numpy(zero_copy_only=False)[idx], nan=0.0)
                for k in ("duration_s", "fps", "width", "height", "frames")}
         est = planning.video_estimate(config, tcv["duration_s"], tcv["fps"], tcv["width"], tcv["height"],
                                       np.where(tcv["frames"] > 0, tcv["frames"], np.round(tcv["duration_s"] * tcv["fps"])))
         visual[idx] = est.tokens
-        tc_plan = np.asarray(_lookup(keys, tc, "plan", pa.string()).to_pylist(), dtype=object)[idx]
+        tc_plan = np.asarray(_lookup(tc_rows, tc, "plan", pa.string()).to_pylist(), dtype=object)[idx]
         plan_str[idx] = np.where(tc_plan == None, plan_str[idx], tc_plan)  # noqa: E711 (elementwise)
         over = visual[idx] > planning.visual_token_budget(config, text_tokens[idx])
         for j in idx[over]:
@@ -224,7 +230,7 @@ def build(config: dict, inventory_path, transcript_paths, transcode_paths, shard
             detail[j] = (f"transcoded media still estimated at {int(visual[j])} visual + {int(text_tokens[j])} "
                          f"text tokens, over the limits: {planning.limits_text(config)} ({plan_str[j]})")
     replan_missing = (action == "replan") & ~has_tc
-    tc_error = np.asarray(_lookup(keys, tc, "error", pa.string()).to_pylist(), dtype=object)
+    tc_error = np.asarray(_lookup(tc_rows, tc, "error", pa.string()).to_pylist(), dtype=object)
     for j in np.flatnonzero(replan_missing & tc_failed):
         reason[j], detail[j] = "transcode_error", f"{plan.plan[j]}; transcode failed: {tc_error[j]}"
     for j in np.flatnonzero(replan_missing & ~tc_failed):
@@ -250,7 +256,7 @@ def build(config: dict, inventory_path, transcript_paths, transcode_paths, shard
                                         detail[out_mask].tolist()))
     keep = np.flatnonzero(~out_mask)
     # The server reads the transcoded file where one exists, else the original.
-    media_path = pc.if_else(pa.array(has_tc), _lookup(keys, tc, "media_path", pa.string()), video_path)
+    media_path = pc.if_else(pa.array(has_tc), _lookup(tc_rows, tc, "media_path", pa.string()), video_path)
 
     # Posts of several items (vidlabel.prepare.mixed_rows), after the posts of one video.
     mixed_ids = [p.post_id for p in mixed]

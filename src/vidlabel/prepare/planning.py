@@ -169,19 +169,27 @@ def server_media_problem(family: families.Family, video_codec, duration_s, sourc
     """
     d = np.nan_to_num(np.asarray(duration_s, dtype=np.float64), nan=0.0)
     n = len(d)
-    codecs = [None] * n if video_codec is None else [canonical_codec(c) for c in video_codec]
     frames = file_frames(d, source_fps) if n else np.zeros(0, np.int64)
     known = (np.nan_to_num(np.asarray(source_fps, dtype=np.float64), nan=0.0) > 0) & (d > 0)
     out = np.full(n, None, dtype=object)
-    for i, codec in enumerate(codecs):
-        if codec is not None and codec not in SERVER_CODECS:
-            out[i] = (f"the server cannot decode {codec}: {SERVER_FAILS[codec]}" if codec in SERVER_FAILS else
-                      f"codec {codec} is not among those measured to decode on the server "
-                      f"({', '.join(sorted(SERVER_CODECS))})")
-        elif known[i] and frames[i] < family.min_file_frames:
+    if video_codec is not None:
+        # Judged once per distinct codec name, not once per post (a million posts have a handful).
+        by_name = {name: _codec_problem(canonical_codec(name)) for name in set(video_codec)}
+        out[:] = [by_name[name] for name in video_codec]
+    for i in np.flatnonzero(known & (frames < family.min_file_frames)):
+        if out[i] is None:
             out[i] = (f"{int(frames[i])} frame(s) in the file; the server's sampler needs at least "
                       f"{family.min_file_frames}")
     return out
+
+
+def _codec_problem(codec: str | None) -> str | None:
+    """Why the server cannot decode ``codec`` (a canonical name; None: unknown, taken as readable)."""
+    if codec is None or codec in SERVER_CODECS:
+        return None
+    return (f"the server cannot decode {codec}: {SERVER_FAILS[codec]}" if codec in SERVER_FAILS else
+            f"codec {codec} is not among those measured to decode on the server "
+            f"({', '.join(sorted(SERVER_CODECS))})")
 
 
 def sampler_frames_problem(config: dict, formats: decode.Formats) -> np.ndarray:

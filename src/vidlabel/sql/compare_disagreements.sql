@@ -3,12 +3,14 @@
 --   'some gave no answer'  the models that answered agree, but at least one other model gave no answer.
 -- Tables read: model_answers, questions, inventory (video_path), human_valid (resolved human labels).
 -- The placeholder is generated: per model, its answer and P(yes) as "answer_<name>", "p_yes_<name>".
+-- distinct_answers counts which of 'yes' and 'no' occur (a count(DISTINCT ...) per group cost twice as much).
 -- Order: posts with a human label first (they show which model was right), then by post and question.
 WITH per_item AS (
     SELECT
         post_id, question,
         count(*) FILTER (WHERE answer IN ('yes', 'no')) AS answered,
-        count(DISTINCT answer) FILTER (WHERE answer IN ('yes', 'no')) AS distinct_answers,
+        CAST(bool_or(answer = 'yes') IS TRUE AS INTEGER) + CAST(bool_or(answer = 'no') IS TRUE AS INTEGER)
+            AS distinct_answers,
         count(*) FILTER (WHERE answer IS NULL OR answer NOT IN ('yes', 'no')) AS unanswered,
         string_agg(model, ', ' ORDER BY position)
             FILTER (WHERE answer IS NULL OR answer NOT IN ('yes', 'no')) AS no_answer_from,

@@ -3,8 +3,12 @@
 -- One row per kind of problem, with a count and a few example post ids for the message.
 -- Views: inventory(post_id), excluded(post_id), shard_labels(post_id, shard).
 WITH label_counts AS (
-    SELECT post_id, count(*) AS n, list(DISTINCT shard ORDER BY shard) AS shards
-    FROM shard_labels GROUP BY post_id
+    SELECT post_id, count(*) AS n FROM shard_labels GROUP BY post_id
+),
+duplicate_shards AS (
+    SELECT post_id, list(DISTINCT shard ORDER BY shard) AS shards
+    FROM shard_labels SEMI JOIN (SELECT post_id FROM label_counts WHERE n > 1) USING (post_id)
+    GROUP BY post_id
 ),
 excluded_counts AS (
     SELECT post_id, count(*) AS n FROM excluded GROUP BY post_id
@@ -16,7 +20,7 @@ problems AS (
     SELECT 'duplicate post_id in the inventory' AS problem, post_id FROM inventory_counts WHERE n > 1
     UNION ALL
     SELECT 'duplicate post_id in the label shards (shards ' || array_to_string(shards, ', ') || ')', post_id
-    FROM label_counts WHERE n > 1
+    FROM duplicate_shards
     UNION ALL
     SELECT 'duplicate post_id in excluded.parquet', post_id FROM excluded_counts WHERE n > 1
     UNION ALL
