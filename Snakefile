@@ -23,7 +23,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [f"{workflow.basedir}/sr
 import vidlabel.core.config
 import vidlabel.core.identity
 import vidlabel.core.models
-import vidlabel.core.settings
+import vidlabel.core.stage_settings
 import vidlabel.core.slurm
 import vidlabel.prepare.posts
 import vidlabel.prepare.planning

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from vidlabel.demo_mixed import camera_photo  # noqa: E402
 from vidlabel import families  # noqa: E402
-from vidlabel.prepare.items import probe_item  # noqa: E402
+from vidlabel.prepare.item_probe import probe_item  # noqa: E402
 
 PHOTOS = {"portrait.jpg": ((1080, 1920), None, "JPEG"), "sideways.jpg": ((1920, 1080), 6, "JPEG"),
           "feed.webp": ((1080, 1350), None, "WEBP"), "camera.jpg": ((4000, 3000), None, "JPEG"),

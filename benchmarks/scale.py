@@ -46,7 +46,7 @@ sys.path.insert(0, str(REPO / "src"))
 
 from vidlabel.core import config as cfgmod  # noqa: E402
 from vidlabel.core import models  # noqa: E402
-from vidlabel.core.settings import for_job  # noqa: E402
+from vidlabel.core.stage_settings import for_job  # noqa: E402
 from vidlabel.serve.record import LABEL_SCHEMA  # noqa: E402
 
 STAGES = ["data", "manifest", "labels", "merge", "aggregate", "compare", "posts_check", "dryrun", "dryrun_done"]

@@ -1,7 +1,7 @@
 # Snakemake adapter: rule aggregate.
 from vidlabel.analyze.aggregate import run
 from vidlabel.core.logs import configure
-from vidlabel.core.settings import for_job
+from vidlabel.core.stage_settings import for_job
 
 configure(snakemake.log[0])
 config = for_job(snakemake.config, "aggregate", snakemake.wildcards.model)

@@ -1,6 +1,6 @@
 # Snakemake adapter: rule classify (one shard).
 from vidlabel.core.logs import configure
-from vidlabel.core.settings import for_job
+from vidlabel.core.stage_settings import for_job
 from vidlabel.serve.classify import run_shard
 
 configure(snakemake.log[0])

@@ -3,7 +3,7 @@ from pathlib import Path
 
 from vidlabel.analyze.compare import run
 from vidlabel.core.logs import configure
-from vidlabel.core.settings import for_job
+from vidlabel.core.stage_settings import for_job
 
 configure(snakemake.log[0])
 config = for_job(snakemake.config, "compare")

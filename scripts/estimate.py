@@ -1,6 +1,6 @@
 # Snakemake adapter: rule pilot (one model's pilot run and projection).
 from vidlabel.core.logs import configure
-from vidlabel.core.settings import for_job
+from vidlabel.core.stage_settings import for_job
 from vidlabel.serve.pilot import run
 
 configure(snakemake.log[0])

@@ -1,6 +1,6 @@
 # Snakemake adapter: rule inventory.
 from vidlabel.core.logs import configure
-from vidlabel.core.settings import for_job
+from vidlabel.core.stage_settings import for_job
 from vidlabel.prepare.inventory import build_inventory
 
 configure(snakemake.log[0])

@@ -1,6 +1,6 @@
 # Snakemake adapter: rule manifest.
 from vidlabel.core.logs import configure
-from vidlabel.core.settings import for_job
+from vidlabel.core.stage_settings import for_job
 from vidlabel.prepare.manifest import build
 
 configure(snakemake.log[0])

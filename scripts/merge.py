@@ -1,7 +1,7 @@
 # Snakemake adapter: rule merge.
 from vidlabel.analyze.merge import merge
 from vidlabel.core.logs import configure
-from vidlabel.core.settings import for_job
+from vidlabel.core.stage_settings import for_job
 
 configure(snakemake.log[0])
 config = for_job(snakemake.config, "merge", snakemake.wildcards.model)

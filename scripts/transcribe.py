@@ -1,6 +1,6 @@
 # Snakemake adapter: rule transcribe (one chunk).
 from vidlabel.core.logs import configure
-from vidlabel.core.settings import for_job
+from vidlabel.core.stage_settings import for_job
 from vidlabel.prepare.transcribe import run_chunk
 
 configure(snakemake.log[0])

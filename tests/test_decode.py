@@ -14,7 +14,7 @@ import pytest
 from vidlabel.core import config as vconfig
 from vidlabel.core import identity, models
 from vidlabel.core import decode
-from vidlabel.core import settings as stage_settings
+from vidlabel.core import stage_settings
 from vidlabel.prepare import planning
 from vidlabel.serve.command import CommandError, ServerCopy, build_command
 from vidlabel.serve.items import post_items

@@ -10,7 +10,7 @@ from vidlabel.core import config as cfgmod
 from vidlabel.demo_mixed import make_mixed_set
 from vidlabel.prepare import images
 from vidlabel.prepare import post_plan as pp
-from vidlabel.prepare.items import probe_item
+from vidlabel.prepare.item_probe import probe_item
 from vidlabel.prepare.inventory import build_inventory
 
 

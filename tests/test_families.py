@@ -105,7 +105,7 @@ def test_two_families_plan_apart_with_their_own_defaults_and_rule_version(tmp_pa
     assert (q25["max_pixels"], q25["image_max_pixels"], q25["rule_version"]) == (602112, 12845056, Q25.rule_version)
     assert (q3["max_pixels"], q3["image_max_pixels"], q3["rule_version"]) == (25165824, 16777216, Q3.rule_version)
     # What the plan depends on is in the stages' fingerprints: the two plans' manifests differ.
-    from vidlabel.core.settings import fingerprint
+    from vidlabel.core.stage_settings import fingerprint
     assert fingerprint(cfg, "manifest", plan="qwen2_5_vl") != fingerprint(cfg, "manifest", plan="qwen3_vl")
     assert fingerprint(cfg, "classify", "Qwen3-VL-8B-Instruct") != fingerprint(cfg, "classify", "Qwen2.5-VL-7B-Instruct")
 

@@ -221,7 +221,7 @@ def test_the_server_limits_come_from_the_whole_data_set(media, tmp_path, monkeyp
 
 def test_the_image_bounds_are_part_of_the_answers_settings(tmp_path):
     cfg = vconfig.validate({"posts": "p.csv", "media_root": str(tmp_path), "results": str(tmp_path / "results")})
-    from vidlabel.core import settings as stage_settings
+    from vidlabel.core import stage_settings
 
     before = stage_settings.fingerprint(cfg, "classify")
     cfg["planning"]["image_max_pixels"] = 1003520

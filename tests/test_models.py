@@ -17,7 +17,8 @@ from conftest import run_snakemake, write_overlay
 from standin import read_request_log, standin_command
 
 from vidlabel.core import config as vconfig
-from vidlabel.core import models, settings
+from vidlabel.core import models
+from vidlabel.core import stage_settings as settings
 
 QUESTIONS = [{"id": "promotes_product", "text": "Does the post promote a product?"}]
 # The stand-in says "yes" when one of these words is in the caption or transcript. The lax model's

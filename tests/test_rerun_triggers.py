@@ -17,7 +17,7 @@ import yaml
 from conftest import REPO, manifest_dir, model_dir, run_snakemake, write_overlay
 from standin import read_request_log, standin_command
 
-from vidlabel.core import settings as stage_settings
+from vidlabel.core import stage_settings
 from vidlabel.core.config import load
 
 pytestmark = pytest.mark.slow

@@ -17,7 +17,7 @@ import pytest
 from standin import is_probe, read_request_log
 from standin.shards import make_config, make_video, manifest_rows, write_manifest
 
-from vidlabel.core import settings as stage_settings
+from vidlabel.core import stage_settings
 from vidlabel.core.journal import iter_records
 from vidlabel.serve.classify import ShardIncomplete, run_shard
 

@@ -18,7 +18,7 @@ from vidlabel.core import config as cfgmod
 from vidlabel.demo import make_video
 from vidlabel.prepare import images
 from vidlabel.prepare import post_plan as pp
-from vidlabel.prepare.items import probe_item
+from vidlabel.prepare.item_probe import probe_item
 from vidlabel.prepare.post_prompt import message_content
 
 sys.path.insert(0, str(Path(__file__).parent / "standin"))

@@ -276,7 +276,7 @@ def one_post_inventory(demo, tmp_path, source: str = "good-01") -> tuple[Path, P
 
 
 def test_the_transcription_settings_are_the_stage_declaration(demo, tmp_path):
-    """transcribe.device is one of the stage's result settings (vidlabel.core.settings.STAGES): a
+    """transcribe.device is one of the stage's result settings (vidlabel.core.stage_settings.STAGES): a
     transcript made on another device is made again, like one of another model or beam size."""
     inventory, _ = one_post_inventory(demo, tmp_path)
     out = tmp_path / "chunk-0.parquet"

@@ -3,7 +3,7 @@ from real media files: for the classify stage's tests and benchmarks, and for th
 manifest of the prepare stage writes items.
 
 Each post is a caption, an optional transcript per item and an ordered list of files. Every file is
-probed for real (``vidlabel.prepare.items.probe_item``: Pillow for stills, PyAV for the rest), its
+probed for real (``vidlabel.prepare.item_probe.probe_item``: Pillow for stills, PyAV for the rest), its
 tokens are estimated by the plan's rule (``post_plan.item_tokens``: images within the image bounds,
 videos by the model family's rule, two vision markers each), labelled (``post_prompt.item_labels``)
 and typed (``post_plan.post_type``). The prompt is the config's template with the caption and the
@@ -22,7 +22,7 @@ import pyarrow as pa
 from vidlabel.core.io import write_parquet
 from vidlabel.prepare import post_plan
 from vidlabel.prepare import tokens as tk
-from vidlabel.prepare.items import probe_item
+from vidlabel.prepare.item_probe import probe_item
 from vidlabel.prepare.post_prompt import item_labels
 from vidlabel.core.prompt import render_prompt, request_id
 

@@ -53,7 +53,7 @@ rule aggregate:
         throughput_plot=_plot("throughput", "throughput over time"),
         errors_plot=_plot("errors", "errors by kind"),
     params:
-        # Its result settings: editing one reruns this job (vidlabel.core.settings).
+        # Its result settings: editing one reruns this job (vidlabel.core.stage_settings).
         settings=model_settings("aggregate"),
         summary_dir=f"{MODEL_DIR}/summary",
     log:
@@ -104,8 +104,8 @@ rule compare:
             labels={"figure": "prevalence per model"},
         ),
     params:
-        # Its result settings: editing one reruns this job (vidlabel.core.settings).
-        settings=vidlabel.core.settings.fingerprint(config, "compare"),
+        # Its result settings: editing one reruns this job (vidlabel.core.stage_settings).
+        settings=vidlabel.core.stage_settings.fingerprint(config, "compare"),
         models=MODELS,
         compare_dir=f"{RESULTS}/compare",
     log:

@@ -55,7 +55,7 @@ def manifest_file(name):
 # for the whole run, and with 512 shards per model their per-job evaluation was a third of the dry run.
 @functools.cache
 def _fingerprint(stage, model=None, plan=None):
-    return vidlabel.core.settings.fingerprint(config, stage, model, plan=plan)
+    return vidlabel.core.stage_settings.fingerprint(config, stage, model, plan=plan)
 
 
 @functools.cache

@@ -4,8 +4,8 @@ rule inventory:
     output:
         f"{RESULTS}/inventory.parquet",
     params:
-        # Its result settings: editing one reruns this job (vidlabel.core.settings).
-        settings=vidlabel.core.settings.fingerprint(config, "inventory"),
+        # Its result settings: editing one reruns this job (vidlabel.core.stage_settings).
+        settings=vidlabel.core.stage_settings.fingerprint(config, "inventory"),
         # A video replaced at its path reruns it too; its journal (inventory.jsonl) re-probes that one.
         media=MEDIA_STATE,
     log:

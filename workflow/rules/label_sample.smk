@@ -24,8 +24,8 @@ rule label_sample:
         ls_config=f"{RESULTS}/label_sample/labelstudio_config.xml",
         ls_tasks=f"{RESULTS}/label_sample/labelstudio_tasks.json",
     params:
-        # Its result settings: editing one reruns this job (vidlabel.core.settings).
-        settings=vidlabel.core.settings.fingerprint(config, "label_sample"),
+        # Its result settings: editing one reruns this job (vidlabel.core.stage_settings).
+        settings=vidlabel.core.stage_settings.fingerprint(config, "label_sample"),
     log:
         "logs/label_sample.log",
     conda:

@@ -13,7 +13,7 @@ rule manifest:
         post_plans=f"{MANIFEST_DIR}/post_plans.csv",
         media_limits=f"{MANIFEST_DIR}/media_limits.json",
     params:
-        # Its result settings under the plan's config: editing one reruns this job (vidlabel.core.settings).
+        # Its result settings under the plan's config: editing one reruns this job (vidlabel.core.stage_settings).
         settings=plan_settings("manifest"),
     log:
         "logs/manifest/{plan}.log",

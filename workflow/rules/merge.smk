@@ -8,7 +8,7 @@ rule merge:
     output:
         f"{MODEL_DIR}/labels.parquet",
     params:
-        # Its result settings: editing one reruns this job (vidlabel.core.settings).
+        # Its result settings: editing one reruns this job (vidlabel.core.stage_settings).
         settings=model_settings("merge"),
     log:
         "logs/merge/{model}.log",

@@ -11,7 +11,7 @@ rule transcode:
     output:
         f"{RESULTS}/transcoded/{{plan}}/chunk-{{chunk}}.parquet",
     params:
-        # Its result settings under the plan's config: editing one reruns this job (vidlabel.core.settings).
+        # Its result settings under the plan's config: editing one reruns this job (vidlabel.core.stage_settings).
         settings=plan_settings("transcode"),
         media_dir=vidlabel.prepare.planning.transcoded_media_dir(config),
     log:

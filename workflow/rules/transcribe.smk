@@ -6,8 +6,8 @@ rule transcribe:
     output:
         f"{RESULTS}/transcripts/chunk-{{chunk}}.parquet",
     params:
-        # Its result settings: editing one reruns this job (vidlabel.core.settings).
-        settings=vidlabel.core.settings.fingerprint(config, "transcribe"),
+        # Its result settings: editing one reruns this job (vidlabel.core.stage_settings).
+        settings=vidlabel.core.stage_settings.fingerprint(config, "transcribe"),
     log:
         "logs/transcribe/chunk-{chunk}.log",
     conda:

@@ -38,7 +38,7 @@ from vidlabel.analyze.humans import load_human_labels
 from vidlabel.analyze.merge import question_ids
 from vidlabel.core import duck
 from vidlabel.core.io import atomic_path, write_text
-from vidlabel.core.settings import fingerprint
+from vidlabel.core.stage_settings import fingerprint
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from vidlabel.analyze import stats
 from vidlabel.analyze.humans import example_rows, resolution_examples
 from vidlabel.analyze.merge import provenance_counts
 from vidlabel.analyze.sample_design import describe
-from vidlabel.core.settings import fingerprint
+from vidlabel.core.stage_settings import fingerprint
 
 NO_TYPE = "no type"  # how the tables and summary.md name a post without post_type
 TOKEN_KINDS = ("video", "image", "audio", "text")

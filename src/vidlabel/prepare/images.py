@@ -113,7 +113,7 @@ def server_image_problem(info: dict[str, Any]) -> str | None:
 
 
 def item_image_problem(item: dict[str, Any]) -> str | None:
-    """``server_image_problem`` of a probed item (``vidlabel.prepare.items.probe_item``'s fields)."""
+    """``server_image_problem`` of a probed item (``vidlabel.prepare.item_probe.probe_item``'s fields)."""
     return server_image_problem({"image_format": (item.get("media_format") or "").upper() or None,
                                  "mode": item.get("image_mode"), "orientation": item.get("orientation")})
 

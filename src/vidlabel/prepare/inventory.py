@@ -2,7 +2,7 @@
 
 ``vidlabel.prepare.posts.load_posts`` reads and checks the posts table (cheap: no media is opened, so
 the workflow calls it before any job). ``build_inventory`` probes every item with
-``vidlabel.prepare.items.probe_item`` in threads (PyAV and Pillow release the GIL while they read): the
+``vidlabel.prepare.item_probe.probe_item`` in threads (PyAV and Pillow release the GIL while they read): the
 kind (video, image, audio) comes from the file's content. A missing, empty or corrupt item gets a
 ``probe_error`` of its own and is dropped from its post, which keeps its other items
 (``items_dropped`` says which and why); a post with no usable item gets a ``probe_error`` (its item's
@@ -37,7 +37,7 @@ from vidlabel.core import identity
 from vidlabel.core.io import write_parquet
 from vidlabel.core.journal import Journal, journal_beside
 from vidlabel.prepare.inventory_schema import BASE_COLUMNS, ITEM_FIELDS, POST_COLUMNS, PROBE_SCHEMA
-from vidlabel.prepare.items import probe_item
+from vidlabel.prepare.item_probe import probe_item
 from vidlabel.prepare.post_plan import post_type
 from vidlabel.prepare.posts import load_posts
 

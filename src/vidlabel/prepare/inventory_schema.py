@@ -29,7 +29,7 @@ PROBE_SCHEMA = pa.schema(
     ]
 )
 PROBE_FIELDS = tuple(PROBE_SCHEMA.names)
-#: What ``vidlabel.prepare.items.probe_item`` returns of a file: its kind, the video probe's fields, and
+#: What ``vidlabel.prepare.item_probe.probe_item`` returns of a file: its kind, the video probe's fields, and
 #: an image's format, pixel mode and EXIF orientation.
 ITEM_FIELDS = ("kind", "size_bytes", "media_format", "video_codec", "audio_codec", "width", "height",
                "orientation", "duration_s", "fps", "frames", "has_audio", "probe_error", "image_mode",

@@ -1,7 +1,7 @@
 """The classify stage's settings, typed and frozen, resolved once from a model's config at the stage's
 edge (``classify.run_shard``, the estimate pilot): no module below them reads the config dict.
 
-Which config keys the stage reads, and their fingerprint, stay declared in vidlabel.core.settings
+Which config keys the stage reads, and their fingerprint, stay declared in vidlabel.core.stage_settings
 (STAGES); this module only gives them types and groups them by who uses them: the server command
 (``ServerSettings``), the layout over the job's GPUs (``LayoutSettings``), the client
 (``ClientSettings``) and the plan the requests were made for (``PlanSettings``).
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from vidlabel import families
-from vidlabel.core import settings as stage_settings
+from vidlabel.core import stage_settings
 from vidlabel.families import Family, ImageBounds, Sampling
 from vidlabel.prepare import planning
 from vidlabel.core import decode
@@ -127,7 +127,7 @@ class ServeSettings:
     progress_interval_s: float
     media_identity: str  # stat | content (vidlabel.core.identity)
     results: str
-    settings_fingerprint: str  # the stage fingerprint (vidlabel.core.settings), for provenance
+    settings_fingerprint: str  # the stage fingerprint (vidlabel.core.stage_settings), for provenance
     prompt_hash: str
 
     @property

@@ -17,7 +17,7 @@ holds them together). Two fingerprints follow from it:
   with another fingerprint is sent again.
 
 Transcripts are identified the same way (``transcript_id``): the audio item they were made from and
-the transcription settings, i.e. the transcribe stage's result settings (vidlabel.core.settings.STAGES)
+the transcription settings, i.e. the transcribe stage's result settings (vidlabel.core.stage_settings.STAGES)
 with the Whisper model by content.
 """
 
@@ -36,7 +36,7 @@ from vidlabel.core.identity.model import (
     model_identity,
     program_version,
 )
-from vidlabel.core.settings import digest, result_settings
+from vidlabel.core.stage_settings import digest, result_settings
 
 __all__ = ["INPUTS", "Input", "MODES", "IdentityError", "ModelIdentity", "answer_fingerprint", "file_arguments",
            "files_state", "markdown_table", "media_item", "media_items", "media_state",

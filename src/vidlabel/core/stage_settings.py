@@ -81,7 +81,7 @@ STAGES: dict[str, StageKeys] = {
 
 
 class UndeclaredSetting(LookupError):
-    """A stage read a config key it does not declare in ``vidlabel.core.settings.STAGES``."""
+    """A stage read a config key it does not declare in ``vidlabel.core.stage_settings.STAGES``."""
 
 
 def _get(config: Mapping, path: str) -> tuple[bool, Any]:
@@ -115,7 +115,7 @@ class FrozenSettings(dict):
     def _missing(self, key: str) -> UndeclaredSetting:
         return UndeclaredSetting(
             f"config key '{self._prefix}{key}' is read but not declared for this stage in "
-            "vidlabel.core.settings.STAGES: declare it (results or operational) so that its fingerprint is right")
+            "vidlabel.core.stage_settings.STAGES: declare it (results or operational) so that its fingerprint is right")
 
     def __getitem__(self, key):
         try:

@@ -12,7 +12,7 @@ from PIL import Image
 
 from vidlabel.demo import make_video, speak
 from vidlabel.prepare import images
-from vidlabel.prepare.items import probe_item
+from vidlabel.prepare.item_probe import probe_item
 from vidlabel.prepare.media import probe
 
 
