@@ -2,7 +2,8 @@
 schema and (all but the journal-only ones) the columns of the label shards (``LABEL_SCHEMA``).
 
 The client fills a plain result dict while a request is retried (``new_result``: every field at its
-default); ``Provenance.record`` turns it into the Record, stamped with what made it, in one place.
+default) and hands the job the frozen Record it makes of it; from there a Record changes only by
+``stamped`` copies: the job's attempts over runs, then ``Provenance.record``, what made it, in one place.
 ``Record.from_journal`` reads a journal line back, old ones included: a field an older version did not
 write gets its default (such a record has no request fingerprint, so it is never reused).
 
