@@ -240,7 +240,8 @@ def cpu_split(proc: ProcSampler, lo: float, hi: float, answers: int) -> dict:
         if tid is not None:  # the main thread, counted within its process's total
             continue
         used = cpu - first.get((pid, None), 0.0)  # a process born inside: all of it
-        main = last.get((pid, pid), 0.0) - first.get((pid, pid), 0.0)
+        # Read a moment apart from the total, the main thread can show a 10 ms tick the total does not yet.
+        main = min(used, last.get((pid, pid), 0.0) - first.get((pid, pid), 0.0))
         role = process_role(proc.cmdlines.get(pid, ""))
         out[role] = out.get(role, 0.0) + used
         if role in ("api", "front"):
