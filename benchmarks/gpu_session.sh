@@ -105,6 +105,11 @@ finish() {
     done
     for d in "$W"/runs/*/; do  # the run folders' server logs are long: their tails
         [ -f "$d/server.log" ] && tail -c 200000 "$d/server.log" > "$S/server-$(basename "$d").log.tail"
+        # The labels and journal of each run: the runs compared side by side afterwards (e.g. a model heard
+        # and read), on any machine
+        for f in labels.parquet journal.jsonl; do
+            [ -f "$d/$f" ] && cp "$d/$f" "$S/$(basename "$d")-$f"
+        done
     done
     note "driver exit status $rc (${FAILED:-no step failed}${RESULT_FAILED:+; checks failed: $RESULT_FAILED})"
     echo "$rc" > "$S/DONE"
