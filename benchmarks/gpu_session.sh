@@ -99,7 +99,8 @@ finish() {
         [ -f "$W/$f" ] && cp "$W/$f" "$S/$f"
     done
     for d in "$W"/data-raw*/; do  # one data folder per model run (its family's plan)
-        for f in prepare.json manifest/post_plans.csv manifest/plan.csv manifest/media_limits.json; do
+        for f in prepare.json manifest/post_plans.csv manifest/plan.csv manifest/media_limits.json \
+                 inventory.parquet manifest/excluded.parquet manifest/shard-0.parquet; do
             [ -f "$d/$f" ] && cp "$d/$f" "$S/$(basename "$d")-$(basename "$f")"
         done
     done
