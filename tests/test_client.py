@@ -176,6 +176,27 @@ def test_admission_503s_lower_the_limit_to_what_the_server_takes_and_answers_rai
     asyncio.run(scenario())
 
 
+def test_answers_with_the_limit_not_full_do_not_raise_it_past_where_the_server_refused():
+    async def scenario():
+        lim = InFlightLimit(16)
+        sent = [await lim.send() for _ in range(16)]
+        for n in reversed(sent[4:]):  # the server takes 4 and refuses the rest, the last sent first
+            lim.returned(n)
+            lim.refused(n)
+        assert lim.limit == 4
+        for _ in range(40):  # a client that keeps only 2 at the server: its answers say nothing of a 5th
+            lim.returned(2)
+            lim.answered(2)
+            await lim.send()
+        assert lim.limit == 4
+        for _ in range(5):  # answers sent with the limit full raise it, one slot per round trip
+            lim.returned(4)
+            lim.answered(4)
+            await lim.send()
+        assert lim.limit == 5
+    asyncio.run(scenario())
+
+
 def test_a_cancelled_waiter_for_a_place_at_the_server_leaves_quietly():
     async def scenario():
         lim = InFlightLimit(1)

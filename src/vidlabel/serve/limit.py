@@ -9,17 +9,22 @@ retries of requests that already have a slot.
 
 The limit moves below its ceiling (``classify.concurrency``, or what adaptive concurrency chose):
 
-- every answer raises it by 1/limit, i.e. one slot per round trip of answers, up to the ceiling;
+- an answer to an attempt sent while the limit was full (n at least the limit) raises it by 1/limit,
+  i.e. one slot per round trip of answers, up to the ceiling; an answer sent with the limit not full
+  says nothing about one more request (RFC 7661's congestion-window validation), so a client that
+  cannot fill its limit (requests still being built, a slow disk) does not creep back up to where the
+  server refused;
 - a refusal (503 or 429) of an attempt sent while n attempts were at the server lowers it to n - 1
-  when at least a third (and at least MIN_REFUSALS) of the attempts sent with n or more at the
-  server were refused, counting the recent outcomes (the last 2 x ceiling answers and refusals) and
-  the attempts still at the server (a refusal comes back at once, so those were taken). Then the server is full at n (vLLM's
-  admission 503 under ``--max-num-queued-reqs``; answers still on their way make the client count a
-  few more at the server than it has, so the boundary is not sharp) and the client stops offering
-  n; the refused request waits out its back-off. Scattered 503s (a proxy, a fault, 20 % of them)
-  hit every level alike and stay below a third: such a refusal says nothing about load, and the
-  client sends the request again at once (its first refusal in a row, unless the server asked for a
-  Retry-After), so it costs one round trip.
+  when more than half (and at least MIN_REFUSALS) of the attempts sent with n or more at the server
+  were refused, counting the recent outcomes (the last OUTCOMES_PER_SLOT x ceiling answers and
+  refusals) and the attempts still at the server (a refusal comes back at once, so those were
+  taken). Then the server is full at n (vLLM's admission 503 under ``--max-num-queued-reqs``;
+  answers still on their way make the client count a few more at the server than it has, so the
+  boundary is not sharp) and the client stops offering n; the refused request waits out its
+  back-off. Scattered 503s (a proxy, a fault, 20 % of them) hit every level alike and stay well
+  below half: such a refusal says nothing about load, and the client sends the request again at
+  once (its first refusal in a row, unless the server asked for a Retry-After), so it costs one
+  round trip.
 
 A multiplicative decrease per refusal (TCP's) would read 20 % scattered 503s as congestion and
 halve the limit every round trip.
@@ -32,6 +37,9 @@ import random
 from collections import Counter, deque
 
 MIN_REFUSALS = 3  # fewer refusals at a level are no evidence that the server is full there
+# The outcomes remembered, per slot of the ceiling: enough that a level's refusals are weighed against
+# several round trips of answers, not only the last one.
+OUTCOMES_PER_SLOT = 4
 
 
 def backoff_s(attempt: int, initial_s: float, max_s: float, retry_after: float | None) -> float:
@@ -52,7 +60,7 @@ class InFlightLimit:
         self.in_flight = 0  # slot holders, back-off waits included
         self.at_server = 0  # attempts sent and not yet returned
         self._levels: Counter[int] = Counter()  # the n of each attempt at the server
-        self._outcomes: deque[tuple[int, bool]] = deque(maxlen=2 * self.ceiling)  # (n, refused)
+        self._outcomes: deque[tuple[int, bool]] = deque(maxlen=OUTCOMES_PER_SLOT * self.ceiling)  # (n, refused)
         self._waiters: deque[asyncio.Future] = deque()  # for a slot
         self._senders: deque[asyncio.Future] = deque()  # for a place at the server
 
@@ -116,12 +124,12 @@ class InFlightLimit:
         at_ceiling = self._window >= self.ceiling
         self.ceiling = max(1, int(ceiling))
         self._window = float(self.ceiling) if at_ceiling else min(self._window, float(self.ceiling))
-        self._outcomes = deque(self._outcomes, maxlen=2 * self.ceiling)
+        self._outcomes = deque(self._outcomes, maxlen=OUTCOMES_PER_SLOT * self.ceiling)
         self._wake()
 
     def answered(self, n: int) -> None:
         self._outcomes.append((n, False))
-        if self._window < self.ceiling:
+        if self._window < self.ceiling and n >= self.limit:
             self._window = min(float(self.ceiling), self._window + 1 / self._window)
             self._wake()
 
@@ -131,7 +139,7 @@ class InFlightLimit:
         refusals = sum(1 for m, refused in self._outcomes if refused and m >= n)
         taken = sum(1 for m, refused in self._outcomes if not refused and m >= n)
         taken += sum(count for m, count in self._levels.items() if m >= n)
-        if refusals < MIN_REFUSALS or 2 * refusals <= taken:
+        if refusals < MIN_REFUSALS or refusals <= taken:
             return False
         self._window = min(self._window, float(max(1, n - 1)))
         return True
