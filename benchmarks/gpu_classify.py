@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import faulthandler
 import json
 import logging
 import math
@@ -255,6 +256,8 @@ def vllm_decode_cpu(path: str) -> tuple[float, float]:
     try:
         total = int(cap.get(cv2.CAP_PROP_FRAME_COUNT))
         fps = cap.get(cv2.CAP_PROP_FPS) or 30.0
+        if not 0 < total <= MAX_DECODE_FRAMES:  # a header without a frame count can read as ~2^63
+            return time.process_time() - before, 0.0
         seconds = total / fps if total else 0.0
         wanted = {int(i) for i in _linspace(total, max(2, int(seconds * 2)))}
         last = max(wanted) if wanted else -1
@@ -266,6 +269,11 @@ def vllm_decode_cpu(path: str) -> tuple[float, float]:
     finally:
         cap.release()
     return time.process_time() - before, seconds
+
+
+# The decode-cost figure's bounds: frames a file may claim (an hour at 60 fps) and the wall time of the pool.
+MAX_DECODE_FRAMES = 3600 * 60
+DECODE_COST_BUDGET_S = 180
 
 
 def _linspace(total: int, n: int) -> list[int]:
@@ -289,9 +297,16 @@ def decode_cost(paths: list[str], jobs: int) -> dict | None:
         except OSError:
             continue
     # spawn, not fork: a forked child of a process with threads (a test session, the steady-state
-    # samplers) can hang on a lock one of those threads held.
-    with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        results = list(pool.map(vllm_decode_cpu, unique.values()))
+    # samplers) can hang on a lock one of those threads held. A figure that is only reported must not
+    # hold up a session: past its budget the workers are stopped and the figure is left out.
+    pool = multiprocessing.get_context("spawn").Pool(processes=jobs)
+    try:
+        results = pool.map_async(vllm_decode_cpu, list(unique.values())).get(timeout=DECODE_COST_BUDGET_S)
+    except multiprocessing.TimeoutError:
+        print(f"decode cost: not measured (past {DECODE_COST_BUDGET_S} s over {len(unique)} files)", flush=True)
+        return None
+    finally:
+        pool.terminate()
     cpu = sum(r[0] for r in results)
     video = sum(r[1] for r in results)
     per_file = sorted(r[0] / r[1] for r in results if r[1] > 0)
@@ -880,6 +895,8 @@ def main(argv=None) -> int:
         make_media(args)
         return 0
     if args.step == "prepare":
+        # A prepare that takes minutes on a machine where it took seconds elsewhere says where it waits.
+        faulthandler.dump_traceback_later(120, repeat=True)
         for mode in args.modes.split(","):
             prepare(args, mode)
         return 0
