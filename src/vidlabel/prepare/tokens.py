@@ -39,13 +39,53 @@ class TokenizerUnavailable(RuntimeError):
 
 _TOKENIZERS: dict[str, object] = {}
 
+# Byte-level BPE tokenizers that a model folder may ship as vocab.json + merges.txt alone (Qwen3-Omni's
+# repo has no tokenizer.json): the pre-tokenizer regex of each tokenizer class, as the class's fast
+# tokenizer in transformers builds it (the same text as the "Split" step of Qwen2.5-VL's and Qwen3-VL's
+# tokenizer.json). NFC normalisation and byte-level mapping are common to them.
+BYTE_LEVEL_BPE_PATTERNS = {
+    "Qwen2Tokenizer": (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                       r"|\s*[\r\n]+|\s+(?!\S)|\s+"),
+}
+
+
+def byte_level_bpe(folder: Path):
+    """The fast tokenizer of ``folder``'s vocab.json, merges.txt and tokenizer_config.json (its class's
+    pre-tokenizer and its added tokens), or None when the folder lacks one of them or names a class
+    not in BYTE_LEVEL_BPE_PATTERNS."""
+    import json
+
+    files = [folder / name for name in ("vocab.json", "merges.txt", "tokenizer_config.json")]
+    if not all(f.is_file() for f in files):
+        return None
+    settings = json.loads(files[2].read_text())
+    pattern = BYTE_LEVEL_BPE_PATTERNS.get(settings.get("tokenizer_class"))
+    if pattern is None:
+        return None
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    tok = Tokenizer(models.BPE.from_file(str(files[0]), str(files[1])))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    added = sorted(settings.get("added_tokens_decoder", {}).items(), key=lambda kv: int(kv[0]))
+    for token_id, spec in added:
+        token = AddedToken(spec["content"], single_word=spec.get("single_word", False),
+                           lstrip=spec.get("lstrip", False), rstrip=spec.get("rstrip", False),
+                           normalized=spec.get("normalized", False), special=spec.get("special", False))
+        tok.add_special_tokens([token]) if token.special else tok.add_tokens([token])
+        if tok.token_to_id(spec["content"]) != int(token_id):
+            raise TokenizerUnavailable(f"planning.tokenizer: {str(folder)!r}: added token {spec['content']!r} "
+                                       f"got id {tok.token_to_id(spec['content'])}, its config says {token_id}")
+    return tok
+
 
 def load_tokenizer(path: str):
-    """A tokenizer from a local ``tokenizer.json`` (or a directory holding one).
-
-    Uses the ``tokenizers`` library (installed with faster-whisper); falls back to
-    ``transformers.AutoTokenizer`` for directories without tokenizer.json.
-    """
+    """A tokenizer from a local ``tokenizer.json`` (or a directory holding one), else from a directory's
+    vocab.json + merges.txt (``byte_level_bpe``), both with the ``tokenizers`` library; else
+    ``transformers.AutoTokenizer`` where it is installed."""
     if path in _TOKENIZERS:
         return _TOKENIZERS[path]
     p = Path(path).expanduser()
@@ -53,21 +93,20 @@ def load_tokenizer(path: str):
         raise TokenizerUnavailable(f"planning.tokenizer: {path!r} does not exist (give a local path to a "
                                    "tokenizer.json or a model directory, or null for the approximation)")
     file = p / "tokenizer.json" if p.is_dir() else p
-    tok = None
     if file.is_file():
-        try:
-            from tokenizers import Tokenizer
-        except ImportError:
-            Tokenizer = None
-        if Tokenizer is not None:
-            tok = ("tokenizers", Tokenizer.from_file(str(file)))
-    if tok is None:
+        from tokenizers import Tokenizer
+
+        tok = ("tokenizers", Tokenizer.from_file(str(file)))
+    elif p.is_dir() and (bpe := byte_level_bpe(p)) is not None:
+        tok = ("tokenizers", bpe)
+    else:
         try:
             from transformers import AutoTokenizer
-        except ImportError:
+        except ImportError as exc:  # missing, or broken by another package's version: say which
             raise TokenizerUnavailable(
-                f"planning.tokenizer: cannot load {path!r}: neither the 'tokenizers' package (for a "
-                "tokenizer.json) nor 'transformers' is installed; install one (pip install tokenizers) "
+                f"planning.tokenizer: cannot load {path!r}: it has no tokenizer.json, nor a vocab.json, "
+                f"merges.txt and tokenizer_config.json of a known class ({', '.join(BYTE_LEVEL_BPE_PATTERNS)}), "
+                f"and transformers cannot be imported ({exc}); give a folder or file with a tokenizer.json, "
                 "or set planning.tokenizer to null to use the approximation") from None
         tok = ("transformers", AutoTokenizer.from_pretrained(str(p), local_files_only=True))
     _TOKENIZERS[path] = tok
