@@ -75,7 +75,10 @@ def byte_level_bpe(folder: Path):
         token = AddedToken(spec["content"], single_word=spec.get("single_word", False),
                            lstrip=spec.get("lstrip", False), rstrip=spec.get("rstrip", False),
                            normalized=spec.get("normalized", False), special=spec.get("special", False))
-        tok.add_special_tokens([token]) if token.special else tok.add_tokens([token])
+        if token.special:
+            tok.add_special_tokens([token])
+        else:
+            tok.add_tokens([token])
         if tok.token_to_id(spec["content"]) != int(token_id):
             raise TokenizerUnavailable(f"planning.tokenizer: {str(folder)!r}: added token {spec['content']!r} "
                                        f"got id {tok.token_to_id(spec['content'])}, its config says {token_id}")
