@@ -181,7 +181,7 @@ TOKENIZER=/tmp/models/$(basename "${RUN_LIST[0]%%:*}")  # the first run's (the k
 if [ -z "${STANDIN:-}" ]; then  # the stand-in's `vllm` is put on PATH by each step
     step 02-kit $(( KIT_WAIT_S + 60 )) bash -c "for i in \$(seq $KIT_WAIT_S); do [ -f '$KIT_READY' ] && break; sleep 1; done
         [ -f '$KIT_READY' ] || { echo 'the kit is not installed ($KIT_READY missing after ${KIT_WAIT_S}s)'; exit 1; }
-        command -v vllm && ls '$TOKENIZER/tokenizer.json'"
+        command -v vllm && ls -d '$TOKENIZER'"  # a folder: tokenizer.json, or vocab.json + merges.txt (Omni)
 fi
 
 LEFT=${#RUN_LIST[@]}
