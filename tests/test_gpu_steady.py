@@ -33,8 +33,7 @@ def test_steady_state_benchmark_on_the_standin(tmp_path, capsys):
     table, media = posts(tmp_path, 30)
     work = tmp_path / "work"
     common = ["--workdir", str(work), "--posts", str(table), "--media-root", str(media), "--standin"]
-    # 2 running, the rest waiting: a queue forms; ~7 s of window, so that the per-thread CPU (10 ms ticks in
-    # /proc) of the stand-in's main thread is well above zero.
+    # 2 running, the rest waiting: a queue forms; ~7 s of window.
     slow = ["--standin-args", "--slots 2 --latency 0.5"]
     # deccpu: OpenCV whatever `auto` stands for (the stand-in cannot import a GPU decoder).
     assert gpu_steady.main([*common, *slow, "--variants", "deccpu", "--min-requests", "20"]) == 0
@@ -48,7 +47,10 @@ def test_steady_state_benchmark_on_the_standin(tmp_path, capsys):
     # The evidence: the engine ran its 2 slots with a queue behind them, the client kept 32 in flight.
     assert s["engine_running_median"] == 2 and s["engine_waiting_median"] >= 1
     assert s["client_in_flight_median"] >= 10
-    assert s["cpu_s_per_answer"]["api"] >= s["cpu_s_per_answer"]["api_main_thread"] > 0
+    # /proc counts CPU in 10 ms ticks: the stand-in's main thread may spend less than one in the window (CI
+    # saw 0.0), so only the whole process is asked to show; the split itself is checked on recorded samples below.
+    cpu = s["cpu_s_per_answer"]
+    assert cpu["api"] > 0 and 0 <= cpu["api_main_thread"] <= cpu["api"]
     assert s["replay"]["decoded_files"] == 2 and s["replay"]["decode_cpu_s_per_answer"] > 0
     assert s["cpus"] == len(os.sched_getaffinity(0)) and s["decode"] == "cpu"
     assert "| deccpu |" in printed and "deccpu: " in printed
