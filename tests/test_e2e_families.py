@@ -19,6 +19,7 @@ from standin import read_request_log, standin_command
 from test_fault_matrix import make_shard, media  # noqa: F401 (fixtures)
 
 from vidlabel.demo_mixed import make_mixed_set, soundtrack
+from vidlabel.prepare.manifest import describe
 from vidlabel.serve.probe import CalibrationUnlikePlan
 
 DATA = REPO / "tests" / "data"
@@ -121,6 +122,16 @@ def test_the_model_that_hears_gets_every_sound_as_audio_and_no_transcript(famili
     assert heard["slideshow-01"]["items"][-1]["media_path"].endswith(".wav")
     assert read["slideshow-01"]["items"][-1]["media_path"] is None and "Soundtrack transcript" in read["slideshow-01"]["prompt"]
     assert heard["voice-note"]["post_type"] == "audio" and heard["voice-note"]["est_audio_tokens"] > 0
+    # The heard tokens are counted apart wherever tokens are shown by kind: the manifest's table by post type
+    # and the summary's post_types.csv.
+    header, *lines = describe(workdir / "results" / "manifest" / "qwen3_omni-native").splitlines()
+    audio_line = next(x for x in lines if x.split()[0] == "audio")
+    assert "audio tok" in header and int(audio_line.split()[-2]) == sum(
+        r["est_audio_tokens"] for r in heard.values() if r["post_type"] == "audio")
+    by_type = {name: {r["post_type"]: r for r in csv.DictReader(
+        open(workdir / "results" / "models" / name / "summary" / "post_types.csv"))} for name in ("heard", "read")}
+    assert float(by_type["heard"]["audio"]["est_audio_tokens_mean"]) > 0
+    assert float(by_type["read"]["audio"]["est_audio_tokens_mean"]) == 0
     # What each server was sent: WAVs to the hearing model only.
     sent = {name: [e["path"] for e in read_request_log(workdir / f"requests-{name}.jsonl") if e["event"] == "media"]
             for name in MODELS}

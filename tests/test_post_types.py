@@ -43,7 +43,7 @@ MANIFEST_SCHEMA = pa.schema([
     ("est_text_tokens", pa.int64()), ("est_prompt_tokens", pa.int64()), ("plan", pa.string()),
     ("items", pa.list_(ITEM_TYPE)), ("post_type", pa.string()), ("n_videos", pa.int64()), ("n_images", pa.int64()),
     ("n_audio", pa.int64()), ("est_video_tokens", pa.int64()), ("est_image_tokens", pa.int64()),
-    ("items_dropped", pa.string()),
+    ("est_audio_tokens", pa.int64()), ("items_dropped", pa.string()),
 ])
 EXCLUDED_SCHEMA = pa.schema([("post_id", pa.string()), ("video_path", pa.string()), ("reason", pa.string()),
                              ("detail", pa.string())])
@@ -116,6 +116,7 @@ def mixed(tmp_path):
     """800 posts of every type; 3 slideshows too long to send, the posts with no usable item excluded,
     one carousel whose only image the manifest could not convert (sent as a video post)."""
     rng = np.random.default_rng(26)
+    heard = np.random.default_rng(35)  # audio tokens on their own stream: the other draws stay as they were
     n = 800
     posts = {}
     for i in range(n):
@@ -156,23 +157,26 @@ def mixed(tmp_path):
             items = [it for it in items if it is not lost]
             dropped = f"{lost['index']}: {lost['path']}: cannot convert image"
         kinds = [it["kind"] for it in items]
+        # Audio items are heard (classify.audio native): tokens of their own.
         est = [int(rng.integers(2_000, 30_000)) if k == "video" else int(rng.integers(300, 3_000)) if k == "image"
-               else 0 for k in kinds]
+               else int(heard.integers(100, 1_500)) for k in kinds]
         sent_items = [{"index": it["index"], "kind": it["kind"], "path": it["path"],
                        "media_path": None if it["kind"] == "audio" else it["path"], "label": f"item {it['index']}",
                        "est_tokens": e, "transcript_id": None} for it, e in zip(items, est)]
         video = sum(e for k, e in zip(kinds, est) if k == "video")
         image = sum(e for k, e in zip(kinds, est) if k == "image")
+        audio = sum(e for k, e in zip(kinds, est) if k == "audio")
         text = int(rng.integers(150, 900))
         first_video = next((it["path"] for it in items if it["kind"] == "video"), None)
         manifest[pid] = {"request_id": f"r-{pid}", "post_id": pid, "video_path": first_video,
                          "media_path": first_video, "caption": r["caption"], "transcript": "",
                          "transcript_status": "no_audio", "transcript_id": None, "prompt": "Q?",
                          "est_visual_tokens": video + image, "est_text_tokens": text,
-                         "est_prompt_tokens": video + image + text, "plan": "as-is", "items": sent_items,
+                         "est_prompt_tokens": video + image + audio + text, "plan": "as-is", "items": sent_items,
                          "post_type": post_type(kinds), "n_videos": kinds.count("video"),
                          "n_images": kinds.count("image"), "n_audio": kinds.count("audio"),
-                         "est_video_tokens": video, "est_image_tokens": image, "items_dropped": dropped}
+                         "est_video_tokens": video, "est_image_tokens": image, "est_audio_tokens": audio,
+                         "items_dropped": dropped}
         truth[pid] = bool(rng.random() < YES_RATE[post_type(kinds)])
         sent[pid] = post_type(kinds)
     ids = list(manifest)
@@ -249,11 +253,11 @@ def test_merge_gives_every_post_its_type_items_and_token_estimates(mixed):
             assert (r["n_videos"], r["n_images"], r["n_audio"]) == tuple(kinds.count(k) for k in
                                                                          ("video", "image", "audio"))
             assert r["items_dropped"] == m["items_dropped"]
-            assert (r["est_video_tokens"], r["est_image_tokens"]) == (
-                sum(it["est_tokens"] for it in m["items"] if it["kind"] == "video"),
-                sum(it["est_tokens"] for it in m["items"] if it["kind"] == "image"))
+            assert (r["est_video_tokens"], r["est_image_tokens"], r["est_audio_tokens"]) == tuple(
+                sum(it["est_tokens"] for it in m["items"] if it["kind"] == kind) for kind in ("video", "image", "audio"))
             assert (r["est_text_tokens"], r["est_prompt_tokens"]) == (m["est_text_tokens"], m["est_prompt_tokens"])
-            assert r["est_prompt_tokens"] == r["est_video_tokens"] + r["est_image_tokens"] + r["est_text_tokens"]
+            assert r["est_prompt_tokens"] == (r["est_video_tokens"] + r["est_image_tokens"] + r["est_audio_tokens"]
+                                              + r["est_text_tokens"])
         seen_types.add(r["post_type"])
     assert seen_types == {"video", "photo", "slideshow", "carousel", "audio", None}
     by_id = {r["post_id"]: r for r in rows}
@@ -405,7 +409,7 @@ def test_aggregate_by_post_type(mixed):
         dropped = [p for p in mine if (f["manifest"][p]["items_dropped"] if p in f["manifest"]
                                        else f["posts"][p]["items_dropped"])]
         assert int(r["posts_with_items_dropped"]) == len(dropped)
-        for kind in ("video", "image", "text"):
+        for kind in ("video", "image", "audio", "text"):
             expected = np.mean([f["manifest"][p][f"est_{kind}_tokens"] for p in ran]) if ran else math.nan
             assert _f(r[f"est_{kind}_tokens_mean"]) == pytest.approx(expected, nan_ok=True)
         reported = [f["records"][p]["prompt_tokens"] for p in ran if f["records"][p]["prompt_tokens"] is not None]

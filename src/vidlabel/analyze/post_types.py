@@ -32,7 +32,7 @@ TYPE_ORDER = ("video", "photo", "slideshow", "carousel", "audio")
 POST_TYPE_COLUMNS = [
     "post_type", "posts", "ok", "error", "excluded", "items_mean", "items_max", "posts_with_items_dropped",
     "videos", "images", "audio", "classified", "est_video_tokens_mean", "est_image_tokens_mean",
-    "est_text_tokens_mean", "input_tokens_mean",
+    "est_audio_tokens_mean", "est_text_tokens_mean", "input_tokens_mean",
 ]
 PREVALENCE_BY_TYPE_COLUMNS = ["post_type", *PREVALENCE_COLUMNS]
 

@@ -233,13 +233,14 @@ def post_type_section(type_rows: Sequence[dict], prevalence_rows: Sequence[dict]
            f"\"{NO_TYPE}\": a post with no usable item (excluded), or labels merged before post types. Tokens per "
            "classified post: the manifest's estimates by kind, and the server's input tokens per request.", "",
            "| post type | posts | ok | error | excluded | items per post (mean, max) | posts with items dropped "
-           "| video tokens | image tokens | text tokens | input tokens (server) |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "| video tokens | image tokens | audio tokens | text tokens | input tokens (server) |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in type_rows:
         items = f"{num(r['items_mean'])} ({r['items_max']:,})" if r["items_max"] is not None else "n/a"
         out.append(f"| {r['post_type'] or NO_TYPE} | {r['posts']:,} | {r['ok']:,} | {r['error']:,} | "
                    f"{r['excluded']:,} | {items} | {r['posts_with_items_dropped']:,} | "
                    f"{num(r['est_video_tokens_mean'], 0)} | {num(r['est_image_tokens_mean'], 0)} | "
+                   f"{num(r['est_audio_tokens_mean'], 0)} | "
                    f"{num(r['est_text_tokens_mean'], 0)} | {num(r['input_tokens_mean'], 0)} |")
     if not prevalence_rows:
         return out + ["", "No post was classified: no prevalence by post type."]

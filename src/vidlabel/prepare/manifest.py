@@ -365,17 +365,19 @@ def describe(manifest_dir: str | Path) -> str:
     """The manifest by post type, in words: requests, items and estimated tokens per kind, exclusions."""
     manifest_dir = Path(manifest_dir)
     shards = pa.concat_tables([pq.read_table(p, columns=["post_type", "n_videos", "n_images", "n_audio",
-                                                         "est_video_tokens", "est_image_tokens", "est_text_tokens"])
+                                                         "est_video_tokens", "est_image_tokens", "est_audio_tokens",
+                                                         "est_text_tokens"])
                                for p in sorted(manifest_dir.glob("shard-*.parquet"))])
     lines = [f"{'post type':<10} {'requests':>8} {'videos':>6} {'photos':>6} {'audio':>5} "
-             f"{'video tok':>9} {'image tok':>9} {'text tok':>8}"]
+             f"{'video tok':>9} {'image tok':>9} {'audio tok':>9} {'text tok':>8}"]
     by_type: dict[str, list] = {}
     for row in shards.to_pylist():
         by_type.setdefault(row["post_type"], []).append(row)
     for kind, rows in sorted(by_type.items()):
         total = {k: sum(r[k] for r in rows) for k in rows[0] if k != "post_type"}
         lines.append(f"{kind:<10} {len(rows):>8} {total['n_videos']:>6} {total['n_images']:>6} {total['n_audio']:>5} "
-                     f"{total['est_video_tokens']:>9} {total['est_image_tokens']:>9} {total['est_text_tokens']:>8}")
+                     f"{total['est_video_tokens']:>9} {total['est_image_tokens']:>9} {total['est_audio_tokens']:>9} "
+                     f"{total['est_text_tokens']:>8}")
     excluded = Counter(pq.read_table(manifest_dir / "excluded.parquet").column("reason").to_pylist())
     lines.append("excluded: " + (", ".join(f"{n} {why}" for why, n in sorted(excluded.items())) or "none"))
     return "\n".join(lines)

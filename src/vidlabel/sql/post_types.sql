@@ -24,6 +24,7 @@ SELECT
     count(*) FILTER (WHERE status IN ('ok', 'error')) AS classified,
     avg(est_video_tokens) FILTER (WHERE status IN ('ok', 'error')) AS est_video_tokens_mean,
     avg(est_image_tokens) FILTER (WHERE status IN ('ok', 'error')) AS est_image_tokens_mean,
+    avg(est_audio_tokens) FILTER (WHERE status IN ('ok', 'error')) AS est_audio_tokens_mean,
     avg(est_text_tokens) FILTER (WHERE status IN ('ok', 'error')) AS est_text_tokens_mean,
     avg(prompt_tokens) FILTER (WHERE status IN ('ok', 'error')) AS input_tokens_mean
 FROM labels
