@@ -25,7 +25,9 @@
 #               ends by DEADLINE_S after this script's start
 #   RUNS        several models one after another (issue 35's families): each run "MODEL:AUDIO:NAME" gets its
 #               own prepare (03-prepare-NAME: the model's family plans its own manifest) and steady step
-#               (05-steady-NAME, variant VARIANT@NAME), the time left shared among the runs still to go
+#               (05-steady-NAME, variant VARIANT@NAME), the time left shared among the runs still to go;
+#               "MODEL:AUDIO:NAME:WORDS" runs variant words WORDS in place of VARIANT's (before its @), e.g.
+#               RUNS="Qwen/Qwen2.5-VL-7B-Instruct:transcript:fixed: Qwen/Qwen2.5-VL-7B-Instruct:transcript:adapt:adapt"
 #
 # Settings (environment; defaults for one H200 with 16 cores and the kit's Qwen2.5-VL-7B):
 #   SESSION_DIR=/tmp/session WORKDIR=/tmp/steady CPUS=0-<nproc-1> JOBS=<nproc> VARIANT=default-@mixed SEED=5
@@ -186,10 +188,14 @@ fi
 
 LEFT=${#RUN_LIST[@]}
 for RUN in "${RUN_LIST[@]}"; do
-    IFS=: read -r MODEL AUDIO NAME <<< "$RUN"
+    IFS=: read -r MODEL AUDIO NAME WORDS <<< "$RUN"
     read -r -a MODEL_ARGS <<< "$(run_args "$MODEL" "${AUDIO:-transcript}")"
     SUFFIX=${NAME:+-$NAME}
-    RUN_VARIANT=$VARIANT${NAME:+@$NAME}
+    RUN_VARIANT=$VARIANT
+    if [ -n "$WORDS" ]; then
+        case $VARIANT in *@*) RUN_VARIANT="$WORDS-@${VARIANT#*@}" ;; *) RUN_VARIANT=$WORDS ;; esac
+    fi
+    RUN_VARIANT=$RUN_VARIANT${NAME:+@$NAME}
     # With several runs a failed one is recorded and the next one goes on.
     [ "${#RUN_LIST[@]}" -gt 1 ] && RUN_SOFT=true || RUN_SOFT=
     SOFT=$RUN_SOFT step 03-prepare$SUFFIX 600 "$PY" benchmarks/gpu_classify.py prepare --workdir "$W" --jobs "$JOBS" \

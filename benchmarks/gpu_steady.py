@@ -10,7 +10,9 @@ completions (from the 10th to the 90th percentile of finish times), with the ram
 
 - prompt tok/s, req/s, GPU busy (mean nvidia-smi utilisation, share of 1 s samples under 5 %);
 - the engine's running and waiting requests (vLLM ``/metrics``, every second), the client's requests
-  in flight (from the records);
+  in flight (from the records); each request's time in the engine's waiting queue (vLLM's histogram
+  ``vllm:request_queue_time_seconds`` at the job's end: how many waited over 60 s, the 90th percentile
+  and the longest, each as its bucket's upper bound);
 - API-server CPU per request (``/proc/<pid>/task/*/stat`` of the server's processes, every second:
   processes titled ``VLLM::APIServer_i`` and, with one API server, vLLM's own front process), split into
   the main thread (the event loop: HTTP, chat template, tokenisation hand-off) and the thread pools
@@ -27,7 +29,7 @@ completions (from the 10th to the 90th percentile of finish times), with the ram
   (every request, and how many within ±2 %).
 
 Variants are ``gpu_classify.py`` variant words (``default``, ``transcoded``, ``decgpu``, ``dectorchcodec``,
-``fp8``, ``apiN``, ``concN``, ...). ``--cpus 0-7`` pins the job (and the servers it starts) to those
+``fp8``, ``apiN``, ``concN``, ``adaptN``, ...). ``--cpus 0-7`` pins the job (and the servers it starts) to those
 cores first; vidlabel sizes its API servers from the pinned count (``vidlabel.serve.server.job_cpus``).
 
     python benchmarks/gpu_classify.py media --workdir /tmp/steady --sources 60 --posts 600
@@ -157,7 +159,9 @@ class ProcSampler(_Sampler):
 
 class MetricsSampler(_Sampler):
     """Every second, the engines' running and waiting requests from each server's /metrics (the port
-    is read from the server logs' start lines)."""
+    is read from the server logs' start lines), and the last reading of the engines' queue-time histogram
+    (``queue_buckets``: upper bound in seconds -> requests that waited at most that long, summed over the
+    servers; vLLM counts a request when it finishes)."""
 
     _PORT = re.compile(r"starting: .*?--port (\d+)")
     _GAUGE = re.compile(r"^vllm:num_requests_(running|waiting)\{[^}]*\} ([0-9.e+]+)$", re.M)
@@ -165,6 +169,7 @@ class MetricsSampler(_Sampler):
     def __init__(self, log_dir: Path):
         super().__init__()
         self.log_dir = log_dir
+        self.queue_buckets: dict[float, float] = {}
 
     def ports(self) -> list[int]:
         found = []
@@ -178,6 +183,7 @@ class MetricsSampler(_Sampler):
         import httpx
 
         running = waiting = 0.0
+        buckets: dict[float, float] = {}
         for port in self.ports():
             text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2.0).text
             for kind, value in self._GAUGE.findall(text):
@@ -185,7 +191,40 @@ class MetricsSampler(_Sampler):
                     running += float(value)
                 else:
                     waiting += float(value)
+            for bound, n in queue_time_buckets(text).items():
+                buckets[bound] = buckets.get(bound, 0.0) + n
+        if buckets:
+            self.queue_buckets = buckets
         return time.time(), running, waiting
+
+
+_QUEUE_BUCKET = re.compile(r'^vllm:request_queue_time_seconds_bucket\{[^}]*le="([^"]+)"[^}]*\} ([0-9.e+]+)$', re.M)
+
+
+def queue_time_buckets(text: str) -> dict[float, float]:
+    """vLLM's ``vllm:request_queue_time_seconds`` histogram in Prometheus text: upper bound (s; +Inf as inf)
+    -> cumulative count, summed over the label sets (engines)."""
+    out: dict[float, float] = {}
+    for bound, n in _QUEUE_BUCKET.findall(text):
+        key = float(bound)  # "+Inf" parses as inf
+        out[key] = out.get(key, 0.0) + float(n)
+    return out
+
+
+def queue_waits(buckets: dict[float, float], limit_s: float = 60.0) -> dict | None:
+    """The engine queue's waits from a cumulative histogram: requests counted, how many waited over
+    ``limit_s`` (a bucket bound), and the 90th percentile and the longest as the bound of their bucket."""
+    if not buckets or not buckets.get(float("inf")):
+        return None
+    bounds = sorted(buckets)
+    total = buckets[float("inf")]
+
+    def at_most(share: float) -> float:
+        return next(b for b in bounds if buckets[b] >= share * total)
+
+    at_limit = max((buckets[b] for b in bounds if b <= limit_s), default=0.0)
+    return {"requests": int(total), f"over_{limit_s:g}_s": int(total - at_limit),
+            "p90_at_most_s": at_most(0.9), "longest_at_most_s": at_most(1.0)}
 
 
 class RequestPhaseLimit(_Sampler):
@@ -374,6 +413,7 @@ def steady(records, gpu_samples, metrics: MetricsSampler, proc: ProcSampler, con
         "engine_running_median": statistics.median(r for r, _ in engine) if engine else None,
         "engine_waiting_median": statistics.median(w for _, w in engine) if engine else None,
         "engine_running_max": max((r for r, _ in engine), default=None),
+        "engine_queue": queue_waits(metrics.queue_buckets),
         "client_in_flight_median": float(np.median(flight)) if len(flight) else None,
         "cpu_s_per_answer": cpu_split(proc, lo, hi, win["answers"]),
         "cpus": len(os.sched_getaffinity(0)), "decode": vdecode.choice(config),
@@ -511,6 +551,14 @@ def table(rows: list[dict]) -> str:
             f"rest {fmt(cpu.get('api_besides_decode'), '.2f')}) | "
             f"{fmt(cpu.get('engine'), '.2f')} |")
     lines += [f"{r['variant']}: {(r.get('steady') or {}).get('verdict', '-')}" for r in rows]
+    for r in rows:
+        q = (r.get("steady") or {}).get("engine_queue")
+        if q:
+            # Read every second while the servers run: what finished after the last reading is not counted.
+            lines.append(f"{r['variant']}: engine queue (vllm:request_queue_time_seconds, whole job): {q['requests']} "
+                         f"requests, {q['over_60_s']} waited over 60 s; 90 % within {q['p90_at_most_s']:g} s, the "
+                         f"longest within {q['longest_at_most_s']:g} s (counted at the last 1 s reading; the job sent "
+                         f"{r.get('requests')} and its calibration)")
     types = [(r["variant"], t, e) for r in rows for t, e in ((r.get("steady") or {}).get("by_post_type") or {}).items()]
     if types:
         lines += ["", "| variant | post type | requests: status | est/served tokens (min / median / max; within ±2 %) | "

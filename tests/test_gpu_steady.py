@@ -51,6 +51,14 @@ def test_steady_state_benchmark_on_the_standin(tmp_path, capsys):
     # saw 0.0), so only the whole process is asked to show; the split itself is checked on recorded samples below.
     cpu = s["cpu_s_per_answer"]
     assert cpu["api"] > 0 and 0 <= cpu["api_main_thread"] <= cpu["api"]
+    # Every request passed the stand-in's waiting queue (2 slots, 30 at once): vLLM's queue-time histogram
+    # counted them (and the job's calibration requests) up to its last 1 s reading before the server stopped,
+    # the later ones after several others' service.
+    q = s["engine_queue"]
+    assert 20 <= q["requests"] <= 40 and q["over_60_s"] == 0
+    assert 0.3 <= q["p90_at_most_s"] <= q["longest_at_most_s"] and q["longest_at_most_s"] >= 2.5
+    assert (f"deccpu: engine queue (vllm:request_queue_time_seconds, whole job): {q['requests']} requests, "
+            "0 waited over 60 s") in printed
     assert s["replay"]["decoded_files"] == 2 and s["replay"]["decode_cpu_s_per_answer"] > 0
     assert s["cpus"] == len(os.sched_getaffinity(0)) and s["decode"] == "cpu"
     assert "| deccpu |" in printed and "deccpu: " in printed
@@ -147,3 +155,34 @@ def test_the_steady_run_after_the_breakers_broken_run_is_its_fixed_run(tmp_path)
     lines = gpu_steady.check_lines(short, tmp_path)
     assert "2 of the shard's 3 requests ended ok (NOT every request" in lines[1] and "--max-request-phase-s" in lines[1]
     assert lines[2].endswith("-> FAILED")
+
+
+def test_engine_queue_waits_from_vllm_s_histogram():
+    # /metrics as vLLM 0.26 writes the histogram, two engines (data parallel): counts are cumulative per bound.
+    def engine(i, counts):
+        bounds = ["0.3", "1.0", "5.0", "60.0", "120.0", "240.0", "+Inf"]
+        label = f'engine="{i}",model_name="m"'
+        return [f'vllm:request_queue_time_seconds_bucket{{{label},le="{b}"}} {float(n)}' for b, n in zip(bounds, counts)]
+    text = "\n".join(["# TYPE vllm:request_queue_time_seconds histogram", *engine(0, [10, 40, 80, 97, 99, 100, 100]),
+                      *engine(1, [0, 0, 50, 90, 95, 100, 100]), 'vllm:request_queue_time_seconds_count{engine="0"} 100.0',
+                      'vllm:num_requests_waiting{engine="0",model_name="m"} 3.0'])
+    buckets = gpu_steady.queue_time_buckets(text)
+    assert buckets[0.3] == 10 and buckets[60.0] == 187 and buckets[float("inf")] == 200
+    q = gpu_steady.queue_waits(buckets)
+    # 13 waited over 60 s; 180 of 200 (90 %) are within 60 s (187), not within 5 s (130); the last 2 within 240 s.
+    assert q == {"requests": 200, "over_60_s": 13, "p90_at_most_s": 60.0, "longest_at_most_s": 240.0}
+    assert gpu_steady.queue_waits({}) is None
+
+
+def test_variant_words_reach_the_job_s_settings(tmp_path):
+    from argparse import Namespace
+
+    from vidlabel.serve.settings import ServeSettings
+
+    args = Namespace(workdir=str(tmp_path), posts=None, media_root=None, transcripts=[], jobs=2, tokenizer=None,
+                     model="Qwen/Qwen2.5-VL-7B-Instruct", server_args="", startup_timeout=600, audio="transcript")
+    client = ServeSettings.from_config(gpu_classify.variant_config(args, "adapt48-conc16-@x")[1]).client
+    assert (client.adaptive, client.adaptive_ceiling, client.concurrency) == (True, 48, 16)
+    client = ServeSettings.from_config(gpu_classify.variant_config(args, "adapt")[1]).client
+    assert client.adaptive and client.adaptive_ceiling == 64 and client.adaptive_floor == 4  # the schema's
+    assert not ServeSettings.from_config(gpu_classify.variant_config(args, "default")[1]).client.adaptive

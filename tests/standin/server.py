@@ -229,6 +229,11 @@ class RequestLog:
         self._fh.flush()
 
 
+# vLLM 0.26's buckets of its request-time histograms (vllm/v1/metrics/loggers.py, request_latency_buckets).
+REQUEST_TIME_BUCKETS_S = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                          240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+
 class Engine:
     """N running slots and a FIFO waiting queue; the KV cache limits how much prompt can run at once."""
 
@@ -243,6 +248,18 @@ class Engine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.requests_total = defaultdict(int)
+        # vllm:request_queue_time_seconds: each admitted request's time in the waiting queue (vLLM observes
+        # it when the request finishes; here at admission, which a run's end reads alike).
+        self.queue_time_counts = [0] * len(REQUEST_TIME_BUCKETS_S)
+        self.queue_time_sum = 0.0
+        self.queue_time_count = 0
+
+    def _queued(self, seconds: float) -> None:
+        self.queue_time_sum += seconds
+        self.queue_time_count += 1
+        for i, bound in enumerate(REQUEST_TIME_BUCKETS_S):
+            if seconds <= bound:
+                self.queue_time_counts[i] += 1
 
     def full(self) -> bool:
         return self.slots > 0 and self.max_queued >= 0 and len(self.waiting) >= self.max_queued
@@ -255,17 +272,15 @@ class Engine:
         return True
 
     async def acquire(self, tokens: int) -> None:
-        if self.slots <= 0 and not self.kv_capacity:
+        if (self.slots <= 0 and not self.kv_capacity) or (not self.waiting and self._fits(tokens)):
             self.running += 1
             self.running_tokens += tokens
-            return
-        if not self.waiting and self._fits(tokens):
-            self.running += 1
-            self.running_tokens += tokens
+            self._queued(0.0)
             return
         fut = asyncio.get_running_loop().create_future()
         entry = (tokens, fut)
         self.waiting.append(entry)
+        queued_at = time.monotonic()
         try:
             await fut
         except asyncio.CancelledError:
@@ -274,6 +289,7 @@ class Engine:
             elif fut.done() and not fut.cancelled():
                 self.release(tokens)  # admitted just as the client went away
             raise
+        self._queued(time.monotonic() - queued_at)
 
     def release(self, tokens: int) -> None:
         self.running -= 1
@@ -472,6 +488,12 @@ class StandIn:
                  "num_gpu_blocks": self.args.kv_capacity_tokens // 16 or 4096, "swap_space": 4}
         lines += ["# TYPE vllm:cache_config_info gauge",
                   "vllm:cache_config_info{" + ",".join(f'{k}="{v}"' for k, v in cache.items()) + "} 1.0"]
+        lines.append("# TYPE vllm:request_queue_time_seconds histogram")
+        for bound, n in zip(REQUEST_TIME_BUCKETS_S, e.queue_time_counts):
+            lines.append(f'vllm:request_queue_time_seconds_bucket{label[:-1]},le="{bound}"}} {float(n)}')
+        lines += [f'vllm:request_queue_time_seconds_bucket{label[:-1]},le="+Inf"}} {float(e.queue_time_count)}',
+                  f"vllm:request_queue_time_seconds_count{label} {float(e.queue_time_count)}",
+                  f"vllm:request_queue_time_seconds_sum{label} {e.queue_time_sum}"]
         for status, n in sorted(e.requests_total.items()):
             lines.append(f'standin:requests_total{{status="{status}"}} {n}')
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
