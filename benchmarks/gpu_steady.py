@@ -336,16 +336,20 @@ def by_post_type(records: list[dict], gpu_samples, config: dict) -> dict:
 
 def replay_decode(records: list[dict], lo: float, hi: float, config: dict) -> dict:
     """Decode CPU-s per answer of the window: each distinct video through vLLM's loader with the job's
-    backend (the re-implementation where vLLM is not importable), weighted by how often the window sent it."""
+    backend (the re-implementation where vLLM is not importable), weighted by how often the window sent it,
+    over the window's answers (those without a video and carousels of several count as they are, so that the
+    figure sits beside the API servers' CPU per answer)."""
     from vidlabel.core import decode as vdecode
 
     backend, fps = vdecode.backend(config), float(config["planning"]["fps"])
     media = shard_videos(config)
     sent: dict[str, int] = {}
     first_path: dict[tuple[int, int], str] = {}  # posts that share a file (hard links) decode it once
+    answers = 0
     for r in records:
         if r["status"] != "ok" or not lo < r["finished_at"] <= hi:
             continue
+        answers += 1
         for path in media.get(r["request_id"], []):
             st = os.stat(path)
             path = first_path.setdefault((st.st_dev, st.st_ino), path)
@@ -359,15 +363,19 @@ def replay_decode(records: list[dict], lo: float, hi: float, config: dict) -> di
     with cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         measured = list(pool.map(_replay_one, paths, [backend] * len(paths), [fps] * len(paths)))
     cpu = wall = 0.0
-    total = 0
+    replayed = 0
     for (cpu_s, wall_s, _, _), count in zip(measured, sent.values()):
         if cpu_s is not None:
             cpu += cpu_s * count
             wall += wall_s * count
-            total += count
+            replayed += count
     failed = [(path, error) for path, (_, _, _, error) in zip(paths, measured) if error]
-    out = {"decode_cpu_s_per_answer": cpu / total if total else None,
-           "decode_wall_s_per_answer": wall / total if total else None, "decoded_files": len(sent) - len(failed),
+    # The sends whose replay failed cost what the replayed ones did on average.
+    per_answer = sum(sent.values()) / replayed / answers if replayed else None
+    out = {"decode_cpu_s_per_answer": cpu * per_answer if replayed else None,
+           "decode_wall_s_per_answer": wall * per_answer if replayed else None,
+           "decode_cpu_s_per_video": cpu / replayed if replayed else None,
+           "videos_per_answer": sum(sent.values()) / answers, "decoded_files": len(sent) - len(failed),
            "how": sorted({how for _, _, how, _ in measured})[0], "processes": workers}
     if failed:  # such a file's request was answered, so the server decoded it: the replay, not the file, failed
         out["failed_files"] = len(failed)

@@ -59,7 +59,10 @@ def test_steady_state_benchmark_on_the_standin(tmp_path, capsys):
     assert 0.3 <= q["p90_at_most_s"] <= q["longest_at_most_s"] and q["longest_at_most_s"] >= 2.5
     assert (f"deccpu: engine queue (vllm:request_queue_time_seconds, whole job): {q['requests']} requests, "
             "0 waited over 60 s") in printed
-    assert s["replay"]["decoded_files"] == 2 and s["replay"]["decode_cpu_s_per_answer"] > 0
+    rep = s["replay"]
+    assert rep["decoded_files"] == 2 and rep["decode_cpu_s_per_answer"] > 0
+    # One video per answer here: per answer and per video sent are the same figure.
+    assert rep["videos_per_answer"] == 1.0 and abs(rep["decode_cpu_s_per_answer"] - rep["decode_cpu_s_per_video"]) < 1e-9
     assert s["cpus"] == len(os.sched_getaffinity(0)) and s["decode"] == "cpu"
     assert "| deccpu |" in printed and "deccpu: " in printed
     # The pilot's projection next to this measured job, in the same workdir.
