@@ -44,6 +44,10 @@
 #                  drain, server stop, decode replay and report)
 #   SKIP_BREAKER=1 no broken run: the steady run alone (its server started once; ~3 min of device time less)
 #   STANDIN=1      the test stand-in instead of vLLM (a rehearsal without a GPU; no tokenizer then)
+#   ESTIMATE=N     06-estimate after the runs: gpu_classify.py estimate, the pilot of N requests on its own
+#                  server and its projected job time against the first run's measured job (issue 36's ETA
+#                  check: that job must answer its whole shard before the deadline); the runs' deadline is
+#                  ESTIMATE_RESERVE_S=360 earlier to leave it room
 set -uo pipefail
 
 S=${SESSION_DIR:-/tmp/session}
@@ -186,6 +190,9 @@ if [ -z "${STANDIN:-}" ]; then  # the stand-in's `vllm` is put on PATH by each s
         command -v vllm && ls -d '$TOKENIZER'"  # a folder: tokenizer.json, or vocab.json + merges.txt (Omni)
 fi
 
+RESERVE=0
+[ -n "${ESTIMATE:-}" ] && RESERVE=${ESTIMATE_RESERVE_S:-360}
+FIRST_RUN_VARIANT= FIRST_MODEL_ARGS=()
 LEFT=${#RUN_LIST[@]}
 for RUN in "${RUN_LIST[@]}"; do
     IFS=: read -r MODEL AUDIO NAME WORDS <<< "$RUN"
@@ -213,13 +220,21 @@ for RUN in "${RUN_LIST[@]}"; do
 
     # The steady job's request phase: its share of what is left until the deadline, less the server's start and
     # the tail of each run still to go.
-    PHASE=$(( (T0 + DEADLINE_S - $(date +%s)) / LEFT - SERVER_START_S - TAIL_S ))
+    PHASE=$(( (T0 + DEADLINE_S - RESERVE - $(date +%s)) / LEFT - SERVER_START_S - TAIL_S ))
     [ "$PHASE" -lt 60 ] && PHASE=60
     note "steady request phase of $RUN_VARIANT at most ${PHASE}s (deadline ${DEADLINE_S}s after the driver's start, $LEFT run(s) to go)"
     SOFT=$RUN_SOFT step 05-steady$SUFFIX $(( PHASE + SERVER_START_S + TAIL_S + 600 )) "$PY" benchmarks/gpu_steady.py \
         --workdir "$W" --cpus "$CPUS" --jobs "$JOBS" --variants "$RUN_VARIANT" --max-request-phase-s "$PHASE" \
         --min-requests "${MIN_REQUESTS:-200}" "${MODEL_ARGS[@]}"
     sed -n '/^| variant | CPUs/,$p' "$S/05-steady$SUFFIX.log" | cut -c1-600 | tee -a "$S/progress.txt"
+    [ -z "$FIRST_RUN_VARIANT" ] && FIRST_RUN_VARIANT=$RUN_VARIANT && FIRST_MODEL_ARGS=("${MODEL_ARGS[@]}")
     LEFT=$(( LEFT - 1 ))
 done
+
+# The pilot's ETA against the first run's measured job (the same media, variant and model).
+if [ -n "${ESTIMATE:-}" ]; then
+    step 06-estimate $(( RESERVE + 600 )) "$PY" benchmarks/gpu_classify.py estimate --workdir "$W" --jobs "$JOBS" \
+        --variant "$FIRST_RUN_VARIANT" --pilot-size "$ESTIMATE" "${FIRST_MODEL_ARGS[@]}"
+    grep -E "^estimate \(" "$S/06-estimate.log" | cut -c1-600 | tee -a "$S/progress.txt"
+fi
 exit 0
