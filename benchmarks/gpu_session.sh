@@ -27,7 +27,8 @@
 #               own prepare (03-prepare-NAME: the model's family plans its own manifest) and steady step
 #               (05-steady-NAME, variant VARIANT@NAME), the time left shared among the runs still to go;
 #               "MODEL:AUDIO:NAME:WORDS" runs variant words WORDS in place of VARIANT's (before its @), e.g.
-#               RUNS="Qwen/Qwen2.5-VL-7B-Instruct:transcript:fixed: Qwen/Qwen2.5-VL-7B-Instruct:transcript:adapt:adapt"
+#               RUNS="Qwen/Qwen2.5-VL-7B-Instruct:transcript:fixed: Qwen/Qwen2.5-VL-7B-Instruct:transcript:adapt:adapt";
+#               a fifth field pins that run's steady step to those cores (CPUS otherwise), e.g. ":transcoded:0-7"
 #
 # Settings (environment; defaults for one H200 with 16 cores and the kit's Qwen2.5-VL-7B):
 #   SESSION_DIR=/tmp/session WORKDIR=/tmp/steady CPUS=0-<nproc-1> JOBS=<nproc> VARIANT=default-@mixed SEED=5
@@ -195,7 +196,7 @@ RESERVE=0
 FIRST_RUN_VARIANT= FIRST_MODEL_ARGS=()
 LEFT=${#RUN_LIST[@]}
 for RUN in "${RUN_LIST[@]}"; do
-    IFS=: read -r MODEL AUDIO NAME WORDS <<< "$RUN"
+    IFS=: read -r MODEL AUDIO NAME WORDS RUN_CPUS <<< "$RUN"
     read -r -a MODEL_ARGS <<< "$(run_args "$MODEL" "${AUDIO:-transcript}")"
     SUFFIX=${NAME:+-$NAME}
     RUN_VARIANT=$VARIANT
@@ -224,7 +225,7 @@ for RUN in "${RUN_LIST[@]}"; do
     [ "$PHASE" -lt 60 ] && PHASE=60
     note "steady request phase of $RUN_VARIANT at most ${PHASE}s (deadline ${DEADLINE_S}s after the driver's start, $LEFT run(s) to go)"
     SOFT=$RUN_SOFT step 05-steady$SUFFIX $(( PHASE + SERVER_START_S + TAIL_S + 600 )) "$PY" benchmarks/gpu_steady.py \
-        --workdir "$W" --cpus "$CPUS" --jobs "$JOBS" --variants "$RUN_VARIANT" --max-request-phase-s "$PHASE" \
+        --workdir "$W" --cpus "${RUN_CPUS:-$CPUS}" --jobs "$JOBS" --variants "$RUN_VARIANT" --max-request-phase-s "$PHASE" \
         --min-requests "${MIN_REQUESTS:-200}" "${MODEL_ARGS[@]}"
     sed -n '/^| variant | CPUs/,$p' "$S/05-steady$SUFFIX.log" | cut -c1-600 | tee -a "$S/progress.txt"
     [ -z "$FIRST_RUN_VARIANT" ] && FIRST_RUN_VARIANT=$RUN_VARIANT && FIRST_MODEL_ARGS=("${MODEL_ARGS[@]}")
