@@ -15,6 +15,7 @@ from test_fault_matrix import _endpoint, _use_endpoints, make_shard, media  # no
 from vidlabel.core.journal import iter_records
 from vidlabel.serve import breaker as br
 from vidlabel.serve.classify import ServerBelowPlan, ServerFailing
+from vidlabel.serve.error_kinds import classify_error
 from vidlabel.serve.server import BROKEN_SMOKE_TRIES, ServerError
 
 PYNV = '{"video":{"fps":2,"backend":"pynvvideocodec"}}'
@@ -97,6 +98,27 @@ def test_an_endpoint_with_vllms_default_encoder_cache_stops_the_job_naming_its_s
     labels = shard.check_complete_labels()
     assert all(r["status"] == "ok" for r in labels.values())
     assert labels["post001"]["prompt_tokens"] > 8192
+
+
+def test_vllm_0_33_s_cap_on_decoded_media_is_lifted_on_the_job_s_server_and_a_capped_one_stops_the_job(
+        make_shard, monkeypatch):
+    """vLLM 0.33 refuses (400) a request whose decoded frames exceed VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES (its
+    default: ~58 s of 1080p at 2 frames a second), a limit 0.26 did not have and the plan does not know. The
+    job's own server runs without it; a cap set in the job's environment is kept, and the job stops before its
+    traffic (a calibration video meets it first here; a post's, on the breaker's limits rule) naming it, nothing
+    terminal journaled; unset, the rerun labels every post."""
+    shard = make_shard(6)
+    capped = ("--standin-version", "0.33.0", "--decode-bytes-default", "100000")  # under every test video
+    monkeypatch.setenv("VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES", "100000")
+    with pytest.raises((ServerBelowPlan, ServerError)) as info:
+        shard.run(shard.config(*capped))
+    message = str(info.value)
+    assert "VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES=100000" in message and "VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES=0" in message
+    assert terminal_errors(shard) == []
+    monkeypatch.delenv("VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES")
+    shard.run(shard.config(*capped))
+    labels = shard.check_complete_labels()
+    assert all(r["status"] == "ok" for r in labels.values())
 
 
 def test_a_server_answering_500_to_everything_fails_at_once_with_its_message(make_shard):
@@ -331,6 +353,17 @@ def test_limits_below_the_plan_trip_at_once_naming_the_figure_and_both_fixes(kin
     b.attempt("r2", kind, 400, message)
     (trip,) = trips
     assert trip.kind == "limits" and str(figure) in trip.message and flag in trip.message and key in trip.message
+
+
+def test_a_refusal_under_vllm_0_33_s_decoded_media_cap_trips_at_once_naming_the_variable():
+    message = ("Request decoded media exceeds VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES=715827880 (746496000 bytes).")
+    assert classify_error(400, message, ["/data/a.mp4"]) == ("decode_cap", False)
+    b, trips = _breaker()
+    b.attempt("r1", None, 200, None)
+    b.attempt("r2", "decode_cap", 400, message)
+    (trip,) = trips
+    assert trip.kind == "limits" and "715,827,880 bytes" in trip.message
+    assert "VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES=0" in trip.message and "planning.transcode.enabled" in trip.message
 
 
 def test_a_too_long_post_under_the_planned_limit_is_its_own():

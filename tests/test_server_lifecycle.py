@@ -319,3 +319,7 @@ def test_media_decoding_threads_follow_the_cpus_slurm_granted():
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
     mine = server_environment("k", copy, {"VLLM_MEDIA_LOADING_THREAD_COUNT": "2"})
     assert mine["VLLM_MEDIA_LOADING_THREAD_COUNT"] == "2"  # the user's own setting wins
+    # vLLM 0.33's cap on a request's decoded media: lifted, unless the user set it.
+    assert env["VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES"] == "0"
+    assert server_environment("k", copy, {"VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES": "9"})[
+        "VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES"] == "9"

@@ -72,15 +72,26 @@ class Served:
         embeds = qwen_video.video_tokens(info, self.fps, self.video_min, self.video_max, self.cell)
         return embeds + 2, embeds
 
+    def decoded_frames(self, info: "qwen_video.VideoInfo") -> int:
+        """Frames the loader decodes (each at the file's size)."""
+        if self.family == "qwen3_vl":
+            n = int(info.total_frames / info.fps * self.fps) if info.fps > 0 else 4
+            return min(max(n, 4), 768, info.total_frames)
+        return qwen_video.sampled_frames(info, self.fps)
+
     def image_tokens(self, path: str) -> tuple[int, int]:
         embeds = qwen_image.image_embeds(path, self.image_min, self.image_max, self.cell)
         return embeds + qwen_image.MARKERS, embeds
 
-    def audio_tokens(self, path: str) -> tuple[int, int]:
+    @staticmethod
+    def audio_samples(path: str) -> int:
         with wave.open(path, "rb") as wav:
             if wav.getframerate() != AUDIO_RATE:
                 raise ValueError(f"the stand-in reads 16 kHz WAV only, not {wav.getframerate()} Hz")
-            samples = wav.getnframes()
+            return wav.getnframes()
+
+    def audio_tokens(self, path: str) -> tuple[int, int]:
+        samples = self.audio_samples(path)
         hops = -(-samples // HOP)  # padded to whole hops
         tokens = (hops // 100) * 13
         rest = hops % 100

@@ -12,6 +12,9 @@ It behaves like vLLM 0.26 where the client can tell the difference:
   ``--video-tokens qwen`` images count as vLLM counts them (``qwen_image.py``: the stored size,
   smart_resize within the image bounds of ``--mm-processor-kwargs``, + 2 markers per image);
 - a prompt longer than ``--max-model-len`` → 400 "This model's maximum context length is ...";
+- from ``--standin-version 0.33``: a request whose decoded media (sampled frames at the file's size x 3
+  bytes, photos x 4, audio as float32) exceed ``VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES`` of its environment
+  (else ``--decode-bytes-default``) → 400 "Request decoded media exceeds VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES=N (M bytes).";
   an item (video or image) of more tokens than the encoder cache (sized as vLLM sizes it, ``qwen_image.py``)
   → 400 "The decoder prompt contains a(n) image item with N embedding tokens, which exceeds the
   pre-allocated encoder cache size M. ...";
@@ -114,6 +117,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "identifies every file-valued server argument by its content)")
     p.add_argument("--yes-if", action="append", default=[], metavar="QID=WORD")
     p.add_argument("--standin-version", default="0.26.0", help="what /version answers")
+    p.add_argument("--decode-bytes-default", type=int, default=715827880,
+                   help="from version 0.33: the per-request cap on decoded media where the environment sets no "
+                        "VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES (vLLM's default; smaller to reach it with small test media)")
     p.add_argument("--answer-confidence", type=float, default=0.9,
                    help="probability the log-probabilities give the chosen answer")
     p.add_argument("--model-root", default=None, help="the model folder /v1/models names (default: the name)")
@@ -357,6 +363,12 @@ class StandIn:
         self.missing_video_module = module if module and importlib.util.find_spec(module) is None else None
 
     # ---- helpers -------------------------------------------------------------------------------
+    def decode_cap(self) -> int:
+        """vLLM 0.33's cap on one request's decoded media (0: none; versions before 0.33 have none)."""
+        if tuple(int(x) for x in self.args.standin_version.split(".")[:2]) < (0, 33):
+            return 0
+        return int(os.environ.get("VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES", self.args.decode_bytes_default))
+
     async def probe(self, path: str) -> "qwen_video.VideoInfo":
         """qwen_video.probe in a thread (vLLM decodes off its event loop), once per file version."""
         st = os.stat(path)
@@ -600,6 +612,7 @@ class StandIn:
         # vLLM counts them, so that a job's calibration passes and the test reaches its posts.
         exact = args.video_tokens == "qwen" or calibration
         media_tokens = 0
+        decoded_bytes, decode_cap = 0, self.decode_cap()
         for kind, url in media:
             if not url.startswith("file://"):
                 return self._error(rid, 400, "Only file:// URLs are served by the stand-in", "BadRequestError")
@@ -627,11 +640,15 @@ class StandIn:
                     item_tokens, embeds = self.served.audio_tokens(real)
                 except (ValueError, EOFError, OSError) as exc:
                     return self._error(rid, 400, f"Failed to load audio: {exc}", "BadRequestError")
+                decoded_bytes += self.served.audio_samples(real) * 4  # float32 PCM
             elif exact and kind == "image":
                 try:
                     item_tokens, embeds = self.served.image_tokens(real)
                 except qwen_image.CannotLoad as exc:
                     return self._error(rid, 400, str(exc), "BadRequestError")
+                if decode_cap:  # vLLM charges 4 bytes a pixel
+                    width, height = qwen_image.stored_size(real)
+                    decoded_bytes += width * height * 4
             elif exact:
                 try:
                     info = await self.probe(real)
@@ -643,9 +660,13 @@ class StandIn:
                                        "implementation of `_call_hf_processor` and `_get_mm_fields_config` are "
                                        "consistent with each other.", "InternalServerError")
                 item_tokens, embeds = self.served.video_tokens(info)
+                decoded_bytes += self.served.decoded_frames(info) * info.width * info.height * 3  # RGB frames
             else:
                 embeds = item_tokens = 2 + int(size / args.bytes_per_video_token)
             media_tokens += item_tokens
+            if decode_cap and decoded_bytes > decode_cap:  # vLLM 0.33, multimodal/media/base.py
+                return self._error(rid, 400, f"Request decoded media exceeds VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES="
+                                   f"{decode_cap} ({decoded_bytes} bytes).", "BadRequestError")
             if self.encoder_cache and embeds > self.encoder_cache:
                 return self._error(rid, 400, f"The decoder prompt contains a(n) {kind} item with {embeds} embedding "
                                    f"tokens, which exceeds the pre-allocated encoder cache size "

@@ -12,7 +12,8 @@ answered a request with that kind there.
 The client reports every HTTP attempt (``Breaker.attempt``); the job asks ``turn`` before it starts a
 request and hands every record to ``settle`` before journaling it. The rules:
 
-- **limits below the plan**: an encoder-cache, context or items-per-prompt refusal whose figure, read
+- **limits below the plan**: a refusal for vLLM 0.33's cap on a request's decoded media (the plan has
+  none), or an encoder-cache, context or items-per-prompt refusal whose figure, read
   from vLLM's message, is below the plan's (``classify.max_num_batched_tokens`` raised to the data's
   largest item, ``classify.max_model_len``, the most images or videos a post of the data sends) trips
   at once: the server was started with other limits than the manifest was planned for (an external
@@ -64,7 +65,7 @@ if TYPE_CHECKING:
     from vidlabel.serve.settings import PlanSettings
 
 from vidlabel.core import decode
-from vidlabel.serve.error_kinds import too_many_items
+from vidlabel.serve.error_kinds import decode_cap_refusal, too_many_items
 from vidlabel.serve.items import sent_items
 
 # This many distinct requests of one kind in a row failing with the same error on a server, no answer of
@@ -78,7 +79,7 @@ TEXT_ONLY = frozenset({"text"})
 ANY_KIND = "any"  # the group of every request, whatever its kinds, before the job's first answer
 KIND_WORDS = {"video": "requests with a video", "image": "requests with an image", "text": "requests without media",
               ANY_KIND: "requests"}
-LIMIT_KINDS = frozenset({"too_long", "encoder_cache", "too_many_items"})
+LIMIT_KINDS = frozenset({"too_long", "encoder_cache", "too_many_items", "decode_cap"})
 
 # The figures in vLLM's refusals (error_kinds.py lists the wordings).
 _ENCODER_CACHE_SIZE = re.compile(r"encoder cache size \(?(\d[\d,]*)", re.IGNORECASE)
@@ -132,6 +133,8 @@ def server_limit(kind: str, message: str | None) -> int | None:
 
 def below_plan(kind: str, message: str | None, plan: PlannedLimits) -> str | None:
     """The job's error when a refusal shows a server limit below the plan's, else None."""
+    if kind == "decode_cap":  # the plan has no such cap: it bounds each request by tokens, not decoded bytes
+        return decode_cap_refusal(message)
     if kind == "too_many_items":
         found = too_many_items(message)
         if found is None or found[1] >= plan.items(found[0]):

@@ -124,17 +124,23 @@ def server_copies(settings: ServeSettings, layout: Layout, log_path: str | Path,
 
 
 def server_environment(api_key: str, copy: ServerCopy, environ=os.environ) -> dict[str, str]:
-    """The server's environment: the per-job key, its GPUs, and media decoding sized to its CPUs.
+    """The server's environment: the per-job key, its GPUs, media decoding sized to its CPUs, and no cap
+    on a request's decoded media.
 
     vLLM decodes videos in a thread pool of VLLM_MEDIA_LOADING_THREAD_COUNT (default 8) per API
     server process whatever the job was granted; on a shared node that oversubscribes a small
-    allocation or idles a large one. A value the user set is kept.
+    allocation or idles a large one. vLLM 0.33 refuses a request whose decoded media (every sampled
+    frame at the file's size, 3 bytes a pixel) exceed VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES (715,827,880:
+    ~58 s of 1080p at 2 frames a second); the plan bounds each request by its tokens (the context gate,
+    the transcodes), as vLLM 0.26, which has no such cap, was measured, so the cap is lifted (0). A value
+    the user set is kept.
     """
     env = {**environ, "VLLM_API_KEY": api_key}
     if copy.gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(copy.gpus)
     if "VLLM_MEDIA_LOADING_THREAD_COUNT" not in environ:
         env["VLLM_MEDIA_LOADING_THREAD_COUNT"] = str(copy.media_threads)
+    env.setdefault("VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES", "0")
     return env
 
 

@@ -35,7 +35,10 @@ real server are in docs/serving.md, "What vLLM answers"):
 - encoder cache: "... video item with N embedding tokens, which exceeds the pre-allocated encoder cache
   size M. ..."
 - items per prompt (``multimodal/processing/context.py``): "At most N image(s) may be provided in one
-  prompt." (a post with more images or videos than the server's ``--limit-mm-per-prompt``).
+  prompt." (a post with more images or videos than the server's ``--limit-mm-per-prompt``);
+- decoded media per request (vLLM 0.33, ``multimodal/media/base.py``; 0.26 has no such cap): "Request
+  decoded media exceeds VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES=N (M bytes)." (``decode_cap``: a server
+  setting, which vidlabel lifts for the servers it starts, ``vidlabel.serve.command.server_environment``).
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ _TOO_LONG = re.compile(r"maximum context length|exceeds model's maximum context|
                        re.IGNORECASE)
 _ID_RUNNING = re.compile(r"request id \S+ already running", re.IGNORECASE)
 _ENCODER_CACHE = re.compile(r"encoder cache", re.IGNORECASE)
+_DECODE_CAP = re.compile(r"VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES(?:=(\d+))?")
 _TOO_MANY_ITEMS = re.compile(r"at most (\d+) (image|video|audio)\(s\) may be provided", re.IGNORECASE)
 # The server looked for the file and did not find it, or may not read where it is.
 _CANNOT_SEE = re.compile(r"no such file or directory|errno 2\b|must be a subpath of", re.IGNORECASE)
@@ -102,6 +106,20 @@ def too_many_items(message: str | None) -> tuple[str, int] | None:
     return (m.group(2).lower(), int(m.group(1))) if m else None
 
 
+def decode_cap_refusal(message: str | None) -> str:
+    """The job's error for a refusal under vLLM 0.33's cap on a request's decoded media: a server setting that
+    every request over it meets, which the plan (it bounds requests by tokens) does not know."""
+    m = _DECODE_CAP.search(message or "")
+    figure = f"{int(m.group(1)):,} bytes" if m and m.group(1) else "a limit"
+    return (f"the server caps the decoded media of one request at {figure} (vLLM 0.33's "
+            "VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES: every frame it samples at the file's size, 3 bytes a pixel; its "
+            f"default is about 58 s of 1080p at 2 frames a second) and refused a request: {message} Those refusals "
+            "describe the server, not the posts. Restart it with VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES=0 in its "
+            "environment (vidlabel does so for the servers it starts unless the variable is set in the job's "
+            "environment: unset it there), or pre-transcode the videos smaller (planning.transcode.enabled), "
+            "then rerun.")
+
+
 def classify_error(http_status: int | None, message: str,
                    media_paths: str | Sequence[str] | None = None) -> tuple[str, bool]:
     """(error_kind, transient) from the HTTP status, the kind read from the message (module docstring);
@@ -121,6 +139,8 @@ def classify_error(http_status: int | None, message: str,
         return ("bad_media" if media else "server_error"), True
     if _ENCODER_CACHE.search(msg):
         return "encoder_cache", False
+    if _DECODE_CAP.search(msg):
+        return "decode_cap", False
     if _TOO_MANY_ITEMS.search(msg):
         return "too_many_items", False
     if _TOO_LONG.search(msg):

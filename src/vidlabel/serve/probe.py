@@ -24,7 +24,8 @@ From vLLM 0.26's HTTP API:
   otherwise than the plan (the flat --mm-processor-kwargs bounding photos like video frames), or
   refuses images, stops the job before its traffic (CalibrationBelowPlan: every image estimate would be
   wrong). A job whose model hears audio sends a generated WAV as well (``audio``): a count other than the
-  plan's stops it the same way. The images and the sound check the server against the plan, which the
+  plan's stops it the same way; so does a calibration item refused under vLLM 0.33's cap on a request's
+  decoded media (CalibrationBelowPlan: the posts' media would meet it too). The images and the sound check the server against the plan, which the
   request fingerprint holds already; they stay out of the server fingerprint, so that data that come to
   hold photos do not make every video's answer another server's.
 
@@ -48,7 +49,7 @@ from typing import Any
 import aiohttp
 
 from vidlabel.core.identity import server_fingerprint
-from vidlabel.serve.error_kinds import classify_error, response_message
+from vidlabel.serve.error_kinds import classify_error, decode_cap_refusal, response_message
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,8 @@ class CalibrationMediaError(RuntimeError):
 
 
 class CalibrationBelowPlan(RuntimeError):
-    """A calibration image shows a server that resizes or limits images otherwise than the plan."""
+    """A calibration image shows a server that resizes or limits images otherwise than the plan, or a
+    calibration item meets a server limit the plan does not know (vLLM 0.33's cap on decoded media)."""
 
 
 class CalibrationUnlikePlan(RuntimeError):
@@ -213,6 +215,9 @@ async def calibrate(session: aiohttp.ClientSession, ep, model: str, calibration:
             kind = classify_error(status, message, item.path)[0]
             if kind in MEDIA_ERROR_KINDS:
                 raise CalibrationMediaError(ep.base_url, item.path, status, message)
+            if kind == "decode_cap":  # every post's media over the cap would meet it too
+                raise CalibrationBelowPlan(f"{ep.base_url} refused the calibration {item.kind} "
+                                           f"{Path(item.path).name} (HTTP {status}): {decode_cap_refusal(message)}")
             if item.kind == "image" and kind == "too_many_items":
                 raise CalibrationBelowPlan(f"{ep.base_url} refused the calibration image {item.path} (HTTP {status}: "
                                            f"{message}): it takes no images, and the job's posts send them. Restart "
