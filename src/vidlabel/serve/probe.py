@@ -25,9 +25,10 @@ From vLLM 0.26's HTTP API:
   refuses images, stops the job before its traffic (CalibrationBelowPlan: every image estimate would be
   wrong). A job whose model hears audio sends a generated WAV as well (``audio``): a count other than the
   plan's stops it the same way; so does a calibration item refused under vLLM 0.33's cap on a request's
-  decoded media (CalibrationBelowPlan: the posts' media would meet it too). The images and the sound check the server against the plan, which the
-  request fingerprint holds already; they stay out of the server fingerprint, so that data that come to
-  hold photos do not make every video's answer another server's.
+  decoded media (CalibrationBelowPlan: the posts' media would meet it too). The images and the sound
+  check the server against the plan, which the request fingerprint holds already; they stay out of the
+  server fingerprint, so that data that come to hold photos do not make every video's answer another
+  server's.
 
 Everything kept goes into the endpoint's ``ServerIdentity``, whose fingerprint every record carries
 (vidlabel.core.identity.server_fingerprint): a record made by a server with another fingerprint is
