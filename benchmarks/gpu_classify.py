@@ -32,7 +32,8 @@ instead, to try the script without a GPU). Steps:
 ``run``      per variant, ``vidlabel.serve.classify.run_shard`` with the configured server command, which
              starts, uses and stops its own server (``prepare`` runs first where needed). Variants are
              dash-joined words: ``default``, ``transcoded``, ``apiN`` (API servers), ``concN`` (client
-             concurrency per copy), ``adapt`` / ``adaptN`` (classify.adaptive_concurrency on, ceiling N), ``tpN`` / ``dpN`` (tensor or data parallel instead of ``auto``),
+             concurrency per copy), ``adapt`` / ``adaptN`` (classify.adaptive_concurrency on, ceiling N),
+             ``tpN`` / ``dpN`` (tensor or data parallel instead of ``auto``),
              ``dpvllm`` (copies served by vLLM's --data-parallel-size), ``eager`` (--enforce-eager),
              ``mbtN`` (--max-num-batched-tokens N), ``lpN`` (classify.top_logprobs N; lp0: none), ``decgpu`` /
              ``dectorchcodec`` / ``deccpu`` (planning.decode), ``fp8`` (classify.quantization); ``@anything`` at the end only names the run

@@ -62,7 +62,8 @@ def test_steady_state_benchmark_on_the_standin(tmp_path, capsys):
     rep = s["replay"]
     assert rep["decoded_files"] == 2 and rep["decode_cpu_s_per_answer"] > 0
     # One video per answer here: per answer and per video sent are the same figure.
-    assert rep["videos_per_answer"] == 1.0 and abs(rep["decode_cpu_s_per_answer"] - rep["decode_cpu_s_per_video"]) < 1e-9
+    assert rep["videos_per_answer"] == 1.0
+    assert abs(rep["decode_cpu_s_per_answer"] - rep["decode_cpu_s_per_video"]) < 1e-9
     assert s["cpus"] == len(os.sched_getaffinity(0)) and s["decode"] == "cpu"
     assert "| deccpu |" in printed and "deccpu: " in printed
     # The pilot's projection next to this measured job, in the same workdir.
@@ -165,9 +166,11 @@ def test_engine_queue_waits_from_vllm_s_histogram():
     def engine(i, counts):
         bounds = ["0.3", "1.0", "5.0", "60.0", "120.0", "240.0", "+Inf"]
         label = f'engine="{i}",model_name="m"'
-        return [f'vllm:request_queue_time_seconds_bucket{{{label},le="{b}"}} {float(n)}' for b, n in zip(bounds, counts)]
+        return [f'vllm:request_queue_time_seconds_bucket{{{label},le="{b}"}} {float(n)}'
+                for b, n in zip(bounds, counts)]
     text = "\n".join(["# TYPE vllm:request_queue_time_seconds histogram", *engine(0, [10, 40, 80, 97, 99, 100, 100]),
-                      *engine(1, [0, 0, 50, 90, 95, 100, 100]), 'vllm:request_queue_time_seconds_count{engine="0"} 100.0',
+                      *engine(1, [0, 0, 50, 90, 95, 100, 100]),
+                      'vllm:request_queue_time_seconds_count{engine="0"} 100.0',
                       'vllm:num_requests_waiting{engine="0",model_name="m"} 3.0'])
     buckets = gpu_steady.queue_time_buckets(text)
     assert buckets[0.3] == 10 and buckets[60.0] == 187 and buckets[float("inf")] == 200

@@ -254,7 +254,8 @@ def test_merge_gives_every_post_its_type_items_and_token_estimates(mixed):
                                                                          ("video", "image", "audio"))
             assert r["items_dropped"] == m["items_dropped"]
             assert (r["est_video_tokens"], r["est_image_tokens"], r["est_audio_tokens"]) == tuple(
-                sum(it["est_tokens"] for it in m["items"] if it["kind"] == kind) for kind in ("video", "image", "audio"))
+                sum(it["est_tokens"] for it in m["items"] if it["kind"] == kind)
+                for kind in ("video", "image", "audio"))
             assert (r["est_text_tokens"], r["est_prompt_tokens"]) == (m["est_text_tokens"], m["est_prompt_tokens"])
             assert r["est_prompt_tokens"] == (r["est_video_tokens"] + r["est_image_tokens"] + r["est_audio_tokens"]
                                               + r["est_text_tokens"])

@@ -14,7 +14,8 @@ It behaves like vLLM 0.26 where the client can tell the difference:
 - a prompt longer than ``--max-model-len`` → 400 "This model's maximum context length is ...";
 - from ``--standin-version 0.33``: a request whose decoded media (sampled frames at the file's size x 3
   bytes, photos x 4, audio as float32) exceed ``VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES`` of its environment
-  (else ``--decode-bytes-default``) → 400 "Request decoded media exceeds VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES=N (M bytes).";
+  (else ``--decode-bytes-default``) → 400 "Request decoded media exceeds
+  VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES=N (M bytes).";
   an item (video or image) of more tokens than the encoder cache (sized as vLLM sizes it, ``qwen_image.py``)
   → 400 "The decoder prompt contains a(n) image item with N embedding tokens, which exceeds the
   pre-allocated encoder cache size M. ...";
@@ -119,7 +120,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--standin-version", default="0.26.0", help="what /version answers")
     p.add_argument("--decode-bytes-default", type=int, default=715827880,
                    help="from version 0.33: the per-request cap on decoded media where the environment sets no "
-                        "VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES (vLLM's default; smaller to reach it with small test media)")
+                        "VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES (vLLM's default; smaller to reach it with small "
+                        "test media)")
     p.add_argument("--answer-confidence", type=float, default=0.9,
                    help="probability the log-probabilities give the chosen answer")
     p.add_argument("--model-root", default=None, help="the model folder /v1/models names (default: the name)")
