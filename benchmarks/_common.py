@@ -1,7 +1,9 @@
-"""Shared set-up for the classify benchmarks: a media dir with one tiny video, a config, manifest rows."""
+"""Shared set-up for the classify benchmarks: a media dir with one tiny video, a config, manifest rows; and a
+run of vidlabel's client through them against its own server."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 
@@ -10,6 +12,21 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "src"))
 
 from standin.shards import make_config, make_video, manifest_rows  # noqa: E402
+
+
+async def run_client(cfg: dict, rows: list[dict], settings, server_log: Path) -> list[int]:
+    """Every row through vidlabel's client against the configured server (started and stopped here); every
+    answer must be ok. The client's in-flight limits over the run (adaptive concurrency), in order."""
+    from vidlabel.serve.client import ClassifyClient
+    from vidlabel.serve.server import VLLMServer
+    from vidlabel.serve.settings import ServeSettings
+
+    with VLLMServer(ServeSettings.from_config(cfg), server_log) as server:
+        await server.wait_ready()
+        async with ClassifyClient([(server.base_url, server.api_key)], settings) as client:
+            records = await asyncio.gather(*(client.classify(r) for r in rows))
+            assert all(r["status"] == "ok" for r in records), "some requests failed"
+            return [limit for _, limit in client.limit_history]
 
 
 def setup(work: Path, n: int, faults=(), classify=None, request_log=None, caption_len=None):

@@ -29,10 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import setup
+from _common import run_client, setup
 
-from vidlabel.serve.client import ClassifyClient, ClientSettings
-from vidlabel.serve.server import VLLMServer
 from vidlabel.serve.settings import ServeSettings
 
 LATENCY = 0.02
@@ -48,15 +46,6 @@ def waits(log: Path, prefill: float) -> tuple[list[float], float, float]:
     start, end = min(arrived.values()) + 0.5, max(arrived.values())
     tokens = sum(e["prompt_tokens"] for e in done if start < e["t"] <= end)
     return queued, tokens / (end - start) if end > start else 0.0, end - start
-
-
-async def one_run(cfg, rows, settings: ClientSettings) -> list[int]:
-    with VLLMServer(ServeSettings.from_config(cfg), Path(cfg["results"]) / "server.log") as server:
-        await server.wait_ready()
-        async with ClassifyClient([(server.base_url, server.api_key)], settings) as client:
-            records = await asyncio.gather(*(client.classify(r) for r in rows))
-            assert all(r["status"] == "ok" for r in records), "some requests failed"
-            return [limit for _, limit in client.limit_history]
 
 
 def main() -> None:
@@ -85,10 +74,9 @@ def main() -> None:
                                       "--latency", str(LATENCY), "--prefill-tokens-per-s", str(args.prefill)),
                               classify={"concurrency": concurrency, "max_tokens": 64, "request_timeout_s": 600,
                                         "adaptive_concurrency": {"enabled": adaptive, "floor": 4, "ceiling": c}})
-            cfg["results"] = str(work)
             settings = dataclasses.replace(ServeSettings.from_config(cfg).client, adaptive_interval_s=0.5)
             t0 = time.perf_counter()
-            limits = asyncio.run(one_run(cfg, rows, settings))
+            limits = asyncio.run(run_client(cfg, rows, settings, work / "server.log"))
             wall = time.perf_counter() - t0
             queued, tok_s, window = waits(log, args.prefill)
             done = [json.loads(x) for x in log.read_text().splitlines()]

@@ -21,10 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import setup
+from _common import run_client, setup
 
-from vidlabel.serve.client import ClassifyClient, ClientSettings
-from vidlabel.serve.server import VLLMServer
 from vidlabel.serve.settings import ServeSettings
 
 LATENCY, PREFILL, DECODE = 0.02, 5000.0, 50.0
@@ -42,15 +40,6 @@ def utilisation(log: Path, slots: int) -> tuple[float, float, int]:
         lo, hi = max(start, e["t"] - service), min(end, e["t"])
         busy += max(0.0, hi - lo)
     return busy / (slots * (end - start)), end - start, len(done)
-
-
-async def one_run(cfg, rows, settings: ClientSettings, log: Path) -> list[int]:
-    with VLLMServer(ServeSettings.from_config(cfg), log.with_suffix(".server.log")) as server:
-        await server.wait_ready()
-        async with ClassifyClient([(server.base_url, server.api_key)], settings) as client:
-            recs = await asyncio.gather(*(client.classify(r) for r in rows))
-            assert all(r["status"] == "ok" for r in recs), "some requests failed"
-            return [lim for _, lim in client.limit_history]
 
 
 def main() -> None:
@@ -77,7 +66,7 @@ def main() -> None:
                                         "adaptive_concurrency": {"enabled": adaptive, "floor": 4, "ceiling": 64}})
             settings = dataclasses.replace(ServeSettings.from_config(cfg).client, adaptive_interval_s=0.5)
             t0 = time.perf_counter()
-            limits = asyncio.run(one_run(cfg, rows, settings, log))
+            limits = asyncio.run(run_client(cfg, rows, settings, log.with_suffix(".server.log")))
             wall = time.perf_counter() - t0
             util, window, n = utilisation(log, s)
             extra = f", in-flight limit {min(limits)}..{max(limits)} (last {limits[-1]})" if limits else ""
