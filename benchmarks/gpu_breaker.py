@@ -138,6 +138,12 @@ def main() -> int:
     ap.add_argument("--posts", type=int, default=40, help="generated posts using them")
     ap.add_argument("--kind", choices=("camera", "testsrc2"), default="testsrc2")
     ap.add_argument("--model", default="Qwen/Qwen2.5-VL-7B-Instruct")
+    ap.add_argument("--audio", choices=("transcript", "native", "both"), default="transcript",
+                    help="classify.audio, as gpu_classify.py and gpu_steady.py take it")
+    ap.add_argument("--interleave", action="store_true",
+                    help="send the broken runs' posts interleaved: the other post types first, then one video post "
+                         "after each of them (the shard gpu_classify.py prepares is grouped by post type, videos "
+                         "first); the fixed run's shard keeps its order: the same requests, the same journal")
     ap.add_argument("--variant", default="default", help="a gpu_classify.py variant (server and client settings)")
     ap.add_argument("--server-args", default="", help="classify.server_args")
     ap.add_argument("--startup-timeout", type=float, default=900)
@@ -166,13 +172,15 @@ def main() -> int:
                              posts=args.posts, formats=False, photo_posts=0, carousels=0, seed=0,
                              standin=args.standin)
     stage = argparse.Namespace(**{**vars(kit), "posts": None, "media_root": None, "transcripts": [],
-                                  "model": args.model, "tokenizer": args.tokenizer, "server_args": args.server_args,
+                                  "model": args.model, "audio": args.audio, "tokenizer": args.tokenizer,
+                                  "server_args": args.server_args,
                                   "startup_timeout": args.startup_timeout})
     gpu_classify.use_standin(kit)
     if not (work / "posts.csv").exists():
         gpu_classify.make_media(kit)
     mode, config = gpu_classify.variant_config(stage, args.variant)
     shard = gpu_classify.prepare(stage, mode)
+    broken_shard = interleaved(shard) if args.interleave else shard
     fault_file = work / "breaker-fault.json"
     wrap_vllm(work, fault_file)
     out = work / "runs" / (args.variant if args.shared_run_dir else f"breaker-{args.variant}")
@@ -182,18 +190,20 @@ def main() -> int:
         raise SystemExit(f"{out} holds a finished run (labels.parquet): gpu_steady.py would not run that variant "
                          "again; use a fresh --workdir or another --variant name (default-@another)")
     if args.phase != "fixed":
+        print(f"broken runs send: {post_type_order(broken_shard)}", flush=True)
         if not args.shared_run_dir:
             shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True, exist_ok=True)
         summary["run_dir"] = str(out)
         summary["variant"] = args.variant
+        summary["order"] = post_type_order(broken_shard)
         summary["journal_before"] = len(records(out / "journal.jsonl"))
         fault = {"video": {"fps": config["planning"]["fps"], "backend": "pynvvideocodec"}}
         fault_file.write_text(json.dumps(fault, separators=(",", ":")))
         summary["broken_runs"] = []
         try:
             for i in range(args.broken_runs):
-                row = one_run(config, shard, out)
+                row = one_run(config, broken_shard, out)
                 summary["broken_runs"].append(row)
                 print(f"broken run {i + 1}: {row['error_type']} after {row['ready_to_stop_s'] or float('nan'):.1f} s "
                       f"from the server's readiness (job {row['wall_s']:.0f} s); journaled {row['journaled']} records, "
@@ -225,6 +235,32 @@ def main() -> int:
     summary_path.write_text(json.dumps(summary, indent=1))
     print(f"{'PASSED' if passed else 'FAILED'}: summary in {summary_path}", flush=True)
     return 0 if passed else 1
+
+
+def interleaved(shard: Path) -> Path:
+    """A copy of ``shard`` (in a folder beside the manifest's, which globs its shards) whose requests alternate: a post of another type, then a video post,
+    the other types first; what is left of either kind follows in its order."""
+    import pyarrow.parquet as pq
+
+    from vidlabel.core.io import write_parquet
+
+    table = pq.read_table(shard)
+    types = [t or "video" for t in table.column("post_type").to_pylist()]
+    videos = [i for i, t in enumerate(types) if t == "video"]
+    others = [i for i, t in enumerate(types) if t != "video"]
+    order = [i for pair in zip(others, videos) for i in pair]
+    order += others[len(videos):] + videos[len(others):]
+    out = shard.parent.parent / "breaker-shard" / f"{shard.stem}-interleaved.parquet"
+    write_parquet(table.take(order), out)
+    return out
+
+
+def post_type_order(shard: Path, first: int = 12) -> str:
+    """The first post types the shard sends, e.g. ``carousel video photo video ...``."""
+    import pyarrow.parquet as pq
+
+    types = [t or "video" for t in pq.read_table(shard, columns=["post_type"]).column("post_type").to_pylist()]
+    return " ".join(types[:first]) + (" ..." if len(types) > first else "")
 
 
 def _broken_passed(runs: list[dict], stop_within: float) -> bool:

@@ -19,7 +19,8 @@
 #   03-prepare  gpu_classify.py prepare --modes raw (with the model's tokenizer), per run of RUNS
 #   04-breaker  gpu_breaker.py --phase broken --broken-runs 1 --shared-run-dir: a server whose video decoder
 #               cannot load; the job must stop within 60 s with the server's message, journaling nothing
-#               terminal, into the run folder of VARIANT (a failed check is recorded and the session goes on)
+#               terminal, into the run folder of VARIANT (a failed check is recorded and the session goes on);
+#               its posts interleaved (--interleave: photos, slideshows and carousels first, a video after each)
 #   05-steady   gpu_steady.py VARIANT on the same journal: the fixed run, every post labelled; per post type
 #               steady windows; its request phase is cut (SIGINT, --max-request-phase-s) so that the job
 #               ends by DEADLINE_S after this script's start
@@ -215,7 +216,7 @@ for RUN in "${RUN_LIST[@]}"; do
     rm -f "$W/gpu_breaker.json"
     SOFT="grep -q '\"broken_passed\"' '$W/gpu_breaker.json'" \
     step 04-breaker 900 "$PY" benchmarks/gpu_breaker.py --workdir "$W" --jobs "$JOBS" --cpus "$CPUS" --kind camera \
-        --variant "$RUN_VARIANT" --shared-run-dir --phase broken --broken-runs 1 "${MODEL_ARGS[@]}"
+        --variant "$RUN_VARIANT" --shared-run-dir --phase broken --broken-runs 1 --interleave "${MODEL_ARGS[@]}"
     grep -E "^broken|ready on port|stopping:" "$S/04-breaker.log" | cut -c1-400 | sed 's/^/    /' | tee -a "$S/progress.txt"
     fi
 
