@@ -12,6 +12,7 @@ from format_zoo import BENCHMARKS
 from standin.shards import make_video
 
 sys.path.insert(0, str(BENCHMARKS))
+import gpu_breaker  # noqa: E402
 import gpu_classify  # noqa: E402
 import gpu_steady  # noqa: E402
 
@@ -159,6 +160,25 @@ def test_the_steady_run_after_the_breakers_broken_run_is_its_fixed_run(tmp_path)
     lines = gpu_steady.check_lines(short, tmp_path)
     assert "2 of the shard's 3 requests ended ok (NOT every request" in lines[1] and "--max-request-phase-s" in lines[1]
     assert lines[2].endswith("-> FAILED")
+
+
+def test_the_breakers_broken_runs_send_videos_between_other_posts(tmp_path):
+    """--interleave: the shard prepared for the steady run is grouped by post type, videos first; the broken
+    runs send its requests interleaved, the other types first and a video after each, nothing lost."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    types = ["video"] * 5 + ["photo", "slideshow", "carousel"]
+    shard = tmp_path / "data-raw" / "manifest" / "shard-0.parquet"
+    shard.parent.mkdir(parents=True)
+    pq.write_table(pa.table({"request_id": [f"r{i}" for i in range(8)], "post_type": types}), shard)
+    out = gpu_breaker.interleaved(shard)
+    assert out.parent != shard.parent  # the manifest's folder globs shard-*.parquet
+    sent = pq.read_table(out).to_pylist()
+    assert [r["post_type"] for r in sent] == ["photo", "video", "slideshow", "video", "carousel", "video", "video",
+                                              "video"]
+    assert sorted(r["request_id"] for r in sent) == [f"r{i}" for i in range(8)]
+    assert gpu_breaker.post_type_order(out, first=4) == "photo video slideshow video ..."
 
 
 def test_engine_queue_waits_from_vllm_s_histogram():
