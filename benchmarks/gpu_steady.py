@@ -422,6 +422,7 @@ def steady(records, gpu_samples, metrics: MetricsSampler, proc: ProcSampler, con
         "engine_waiting_median": statistics.median(w for _, w in engine) if engine else None,
         "engine_running_max": max((r for r, _ in engine), default=None),
         "engine_queue": queue_waits(metrics.queue_buckets),
+        "idle_seconds": idle_seconds(gpu_samples, metrics.samples, lo, hi),
         "client_in_flight_median": float(np.median(flight)) if len(flight) else None,
         "cpu_s_per_answer": cpu_split(proc, lo, hi, win["answers"]),
         "cpus": len(os.sched_getaffinity(0)), "decode": vdecode.choice(config),
@@ -439,6 +440,22 @@ def steady(records, gpu_samples, metrics: MetricsSampler, proc: ProcSampler, con
             cpu["api_besides_decode"] = cpu["api"] - decoded
     out["verdict"] = verdict(out)
     return out
+
+
+def idle_seconds(gpu_samples, engine_samples, lo: float, hi: float) -> dict | None:
+    """What the engine held in the window's idle GPU samples (under 5 %): each idle sample's nearest /metrics
+    reading. Running 0 means the engine had nothing to run (the front end fed it nothing); running > 0 with an
+    idle GPU means the engine core itself stalled (its own CPU work between steps)."""
+    idle = [t for t, u in gpu_samples if lo <= t <= hi and u < 5]
+    readings = sorted((t, r, w) for t, r, w in engine_samples if lo - 2 <= t <= hi + 2)
+    if not idle or not readings:
+        return None
+    times = np.asarray([t for t, _, _ in readings])
+    nearest = [readings[int(np.abs(times - t).argmin())] for t in idle]
+    running = [r for _, r, _ in nearest]
+    return {"samples": len(idle), "engine_running_median": statistics.median(running),
+            "engine_empty": sum(r == 0 for r in running),
+            "engine_waiting_median": statistics.median(w for _, _, w in nearest)}
 
 
 def verdict(s: dict) -> str:
@@ -560,6 +577,11 @@ def table(rows: list[dict]) -> str:
             f"{fmt(cpu.get('engine'), '.2f')} |")
     lines += [f"{r['variant']}: {(r.get('steady') or {}).get('verdict', '-')}" for r in rows]
     for r in rows:
+        if idle := (r.get("steady") or {}).get("idle_seconds"):
+            lines.append(f"{r['variant']}: the window's {idle['samples']} idle GPU samples: the engine ran nothing in "
+                         f"{idle['engine_empty']} (the front end had fed it nothing), running {idle['engine_running_median']:g} "
+                         f"and waiting {idle['engine_waiting_median']:g} (median) in the others: running > 0 with the "
+                         "GPU idle is the engine core's own CPU time between steps")
         q = (r.get("steady") or {}).get("engine_queue")
         if q:
             # Read every second while the servers run: what finished after the last reading is not counted.

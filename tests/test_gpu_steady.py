@@ -181,6 +181,14 @@ def test_the_breakers_broken_runs_send_videos_between_other_posts(tmp_path):
     assert gpu_breaker.post_type_order(out, first=4) == "photo video slideshow video ..."
 
 
+def test_what_the_engine_held_while_the_gpu_was_idle():
+    gpu = [(10.0, 95.0), (11.0, 0.0), (12.0, 2.0), (13.0, 90.0), (14.0, 0.0), (30.0, 0.0)]  # 30 s: outside
+    engine = [(10.1, 20.0, 0.0), (11.2, 0.0, 0.0), (11.9, 18.0, 1.0), (14.4, 22.0, 3.0)]
+    idle = gpu_steady.idle_seconds(gpu, engine, 10.0, 20.0)
+    assert idle == {"samples": 3, "engine_running_median": 18.0, "engine_empty": 1, "engine_waiting_median": 1.0}
+    assert gpu_steady.idle_seconds([(10.0, 80.0)], engine, 10.0, 20.0) is None
+
+
 def test_engine_queue_waits_from_vllm_s_histogram():
     # /metrics as vLLM 0.26 writes the histogram, two engines (data parallel): counts are cumulative per bound.
     def engine(i, counts):
