@@ -525,7 +525,9 @@ def check_lines(row: dict, workdir: Path) -> list[str]:
     lines = [f"{name}: the journal held {before['records']} records before this run ({before['terminal']} terminal; "
              f"{before['by_status'] or 'none'})",
              f"{name}: {c['ok']} of the shard's {c['shard_requests']} requests ended ok"
-             + ("" if c["all_ok"] else f" (NOT every request: {row['by_kind']}"
+             + ("" if c["all_ok"] else
+                (" (every request answered, but the job ended before it wrote its labels" if
+                 c["ok"] == c["shard_requests"] else f" (NOT every request: {row['by_kind']}")
                 + ("; stopped by --max-request-phase-s" if row.get("stopped_by_time_limit") else "")
                 + (f"; {row['error']}" if row["error"] else "") + ")")
              + f"; {c['within_2pct']} of {c['shard_requests']} estimates within ±2 % of the served prompt tokens"]

@@ -160,6 +160,12 @@ def test_the_steady_run_after_the_breakers_broken_run_is_its_fixed_run(tmp_path)
     lines = gpu_steady.check_lines(short, tmp_path)
     assert "2 of the shard's 3 requests ended ok (NOT every request" in lines[1] and "--max-request-phase-s" in lines[1]
     assert lines[2].endswith("-> FAILED")
+    # Every request answered before the cut, the job stopped before its labels: no "NOT every request".
+    cut = {**row, "error": "JobInterrupted: shard 0: stopped by SIGINT", "stopped_by_time_limit": True}
+    cut["check"] = gpu_steady.check(cut, records, 3)
+    line = gpu_steady.check_lines(cut, tmp_path)[1]
+    assert "3 of the shard's 3 requests ended ok (every request answered, but the job ended before it wrote" in line
+    assert "NOT" not in line and cut["check"]["all_ok"] is False
 
 
 def test_the_breakers_broken_runs_send_videos_between_other_posts(tmp_path):
