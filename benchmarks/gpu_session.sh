@@ -114,9 +114,9 @@ finish() {
     done
     for d in "$W"/runs/*/; do  # the run folders' server logs are long: their tails
         [ -f "$d/server.log" ] && tail -c 200000 "$d/server.log" > "$S/server-$(basename "$d").log.tail"
-        # The labels and journal of each run: the runs compared side by side afterwards (e.g. a model heard
-        # and read), on any machine
-        for f in labels.parquet journal.jsonl; do
+        # The labels, journal and 1 s samples of each run: the runs compared side by side afterwards (e.g. a
+        # model heard and read) and read again, on any machine
+        for f in labels.parquet journal.jsonl samples.json; do
             [ -f "$d/$f" ] && cp "$d/$f" "$S/$(basename "$d")-$f"
         done
     done

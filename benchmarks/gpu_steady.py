@@ -504,6 +504,11 @@ def run_variant(args, name: str) -> dict:
         row["steady"] = {"error": f"analysis failed: {type(exc).__name__}: {exc}"[:300]}
     row["stopped_by_time_limit"] = limit.fired
     row["journal_before"] = before
+    # The 1 s series behind the figures, for reading a run again elsewhere (what the engine held while the
+    # GPU idled, the in-flight count over time): unix time, value(s).
+    (out / "samples.json").write_text(json.dumps({
+        "gpu_util": [[round(t, 2), u] for t, u in gpu_samples],
+        "engine_running_waiting": [[round(t, 2), r, w] for t, r, w in metrics.samples]}))
     row["check"] = check(row, records, _shard(config).num_rows)
     return row
 

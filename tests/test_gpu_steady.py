@@ -66,6 +66,10 @@ def test_steady_state_benchmark_on_the_standin(tmp_path, capsys):
     assert rep["videos_per_answer"] == 1.0
     assert abs(rep["decode_cpu_s_per_answer"] - rep["decode_cpu_s_per_video"]) < 1e-9
     assert s["cpus"] == len(os.sched_getaffinity(0)) and s["decode"] == "cpu"
+    # The 1 s series behind the figures are kept for reading the run again (no GPU here: no utilization).
+    series = json.loads((work / "runs" / "deccpu" / "samples.json").read_text())
+    assert series["gpu_util"] == [] and len(series["engine_running_waiting"]) >= 5
+    assert max(r for _, r, _ in series["engine_running_waiting"]) == 2
     assert "| deccpu |" in printed and "deccpu: " in printed
     # The pilot's projection next to this measured job, in the same workdir.
     assert gpu_classify.main(["estimate", *common, "--variant", "deccpu", "--pilot-size", "8"]) == 0
