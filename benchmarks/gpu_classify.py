@@ -32,7 +32,7 @@ instead, to try the script without a GPU). Steps:
 ``run``      per variant, ``vidlabel.serve.classify.run_shard`` with the configured server command, which
              starts, uses and stops its own server (``prepare`` runs first where needed). Variants are
              dash-joined words: ``default``, ``transcoded``, ``apiN`` (API servers), ``concN`` (client
-             concurrency per copy), ``adapt`` / ``adaptN`` (classify.adaptive_concurrency on, ceiling N),
+             concurrency per copy), ``seqsN`` (classify.max_num_seqs: the engine's running cap), ``adapt`` / ``adaptN`` (classify.adaptive_concurrency on, ceiling N),
              ``tpN`` / ``dpN`` (tensor or data parallel instead of ``auto``),
              ``dpvllm`` (copies served by vLLM's --data-parallel-size), ``eager`` (--enforce-eager),
              ``mbtN`` (--max-num-batched-tokens N), ``lpN`` (classify.top_logprobs N; lp0: none), ``decgpu`` /
@@ -618,6 +618,8 @@ def variant_config(args, name: str) -> tuple[str, dict]:
             c["api_server_count"] = int(m.group(1))
         elif m := re.fullmatch(r"conc(\d+)", word):
             c["concurrency"] = int(m.group(1))
+        elif m := re.fullmatch(r"seqs(\d+)", word):
+            c["max_num_seqs"] = int(m.group(1))
         elif m := re.fullmatch(r"adapt(\d*)", word):
             c["adaptive_concurrency"] = {**c.get("adaptive_concurrency", {}), "enabled": True,
                                          **({"ceiling": int(m.group(1))} if m.group(1) else {})}

@@ -170,6 +170,7 @@ class MetricsSampler(_Sampler):
         super().__init__()
         self.log_dir = log_dir
         self.queue_buckets: dict[float, float] = {}
+        self.kv_tokens: int | None = None  # the servers' KV caches together (vllm:cache_config_info)
 
     def ports(self) -> list[int]:
         found = []
@@ -184,6 +185,7 @@ class MetricsSampler(_Sampler):
 
         running = waiting = 0.0
         buckets: dict[float, float] = {}
+        kv_tokens = None
         for port in self.ports():
             text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2.0).text
             for kind, value in self._GAUGE.findall(text):
@@ -193,9 +195,26 @@ class MetricsSampler(_Sampler):
                     waiting += float(value)
             for bound, n in queue_time_buckets(text).items():
                 buckets[bound] = buckets.get(bound, 0.0) + n
+            kv_tokens = (kv_tokens or 0) + (kv_cache_tokens(text) or 0)
         if buckets:
             self.queue_buckets = buckets
+        if kv_tokens:
+            self.kv_tokens = kv_tokens
         return time.time(), running, waiting
+
+
+_CACHE_INFO = re.compile(r'^vllm:cache_config_info\{([^}]*)\}', re.M)
+
+
+def kv_cache_tokens(text: str) -> int | None:
+    """The engines' KV cache in tokens from vLLM's ``vllm:cache_config_info`` (labels num_gpu_blocks and
+    block_size, one label set per engine), summed over the engines; None where the server does not say."""
+    per_engine: dict[str, int] = {}
+    for labels in _CACHE_INFO.findall(text):
+        found = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        if found.get("num_gpu_blocks", "").isdigit() and found.get("block_size", "").isdigit():
+            per_engine[found.get("engine", "")] = int(found["num_gpu_blocks"]) * int(found["block_size"])
+    return sum(per_engine.values()) if per_engine else None
 
 
 _QUEUE_BUCKET = re.compile(r'^vllm:request_queue_time_seconds_bucket\{[^}]*le="([^"]+)"[^}]*\} ([0-9.e+]+)$', re.M)
@@ -423,6 +442,11 @@ def steady(records, gpu_samples, metrics: MetricsSampler, proc: ProcSampler, con
         "engine_running_max": max((r for r, _ in engine), default=None),
         "engine_queue": queue_waits(metrics.queue_buckets),
         "idle_seconds": idle_seconds(gpu_samples, metrics.samples, lo, hi),
+        "kv_cache_tokens": metrics.kv_tokens,
+        # How many of the job's mean requests the KV cache holds: the in-flight count past which requests
+        # wait in the engine (its admission takes a whole prompt), docs/serving.md
+        "kv_cache_requests": (metrics.kv_tokens / statistics.mean(r["prompt_tokens"] for r in ok if r.get("prompt_tokens"))
+                              if metrics.kv_tokens and any(r.get("prompt_tokens") for r in ok) else None),
         "client_in_flight_median": float(np.median(flight)) if len(flight) else None,
         "cpu_s_per_answer": cpu_split(proc, lo, hi, win["answers"]),
         "cpus": len(os.sched_getaffinity(0)), "decode": vdecode.choice(config),
@@ -589,7 +613,12 @@ def table(rows: list[dict]) -> str:
                          f"{idle['engine_empty']} (the front end had fed it nothing), running {idle['engine_running_median']:g} "
                          f"and waiting {idle['engine_waiting_median']:g} (median) in the others: running > 0 with the "
                          "GPU idle is the engine core's own CPU time between steps")
-        q = (r.get("steady") or {}).get("engine_queue")
+        st = r.get("steady") or {}
+        if st.get("kv_cache_tokens"):
+            lines.append(f"{r['variant']}: KV cache {st['kv_cache_tokens']:,} tokens (vllm:cache_config_info): "
+                         f"{st['kv_cache_requests']:.1f} of the job's mean requests, against "
+                         f"{r.get('concurrency', '?')} in flight and max_num_seqs {st.get('max_num_seqs')}")
+        q = st.get("engine_queue")
         if q:
             # Read every second while the servers run: what finished after the last reading is not counted.
             lines.append(f"{r['variant']}: engine queue (vllm:request_queue_time_seconds, whole job): {q['requests']} "
