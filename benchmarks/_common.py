@@ -14,9 +14,10 @@ sys.path.insert(0, str(ROOT / "src"))
 from standin.shards import make_config, make_video, manifest_rows  # noqa: E402
 
 
-async def run_client(cfg: dict, rows: list[dict], settings, server_log: Path) -> list[int]:
+async def run_client(cfg: dict, rows: list[dict], settings, server_log: Path, fit: bool = False) -> list[int]:
     """Every row through vidlabel's client against the configured server (started and stopped here); every
-    answer must be ok. The client's in-flight limits over the run (adaptive concurrency), in order."""
+    answer must be ok. The client's in-flight limits over the run (adaptive concurrency), in order; with
+    ``fit``, first the limit fitted to the server's KV cache as a shard job fits it (classify.run_shard)."""
     from vidlabel.serve.client import ClassifyClient
     from vidlabel.serve.server import VLLMServer
     from vidlabel.serve.settings import ServeSettings
@@ -24,9 +25,13 @@ async def run_client(cfg: dict, rows: list[dict], settings, server_log: Path) ->
     with VLLMServer(ServeSettings.from_config(cfg), server_log) as server:
         await server.wait_ready()
         async with ClassifyClient([(server.base_url, server.api_key)], settings) as client:
+            fitted = []
+            if fit:
+                client.fit_in_flight(sum(r["est_prompt_tokens"] for r in rows) / len(rows) + settings.max_tokens)
+                fitted = [client.limit.ceiling]
             records = await asyncio.gather(*(client.classify(r) for r in rows))
             assert all(r["status"] == "ok" for r in records), "some requests failed"
-            return [limit for _, limit in client.limit_history]
+            return fitted + [limit for _, limit in client.limit_history]
 
 
 def setup(work: Path, n: int, faults=(), classify=None, request_log=None, caption_len=None):

@@ -238,8 +238,9 @@ def main() -> int:
 
 
 def interleaved(shard: Path) -> Path:
-    """A copy of ``shard`` (in a folder beside the manifest's, which globs its shards) whose requests alternate: a post of another type, then a video post,
-    the other types first; what is left of either kind follows in its order."""
+    """A copy of ``shard`` (in a folder beside the manifest's, which globs its shards) whose requests
+    alternate: a post of another type, then a video post, the other types first; what is left of either
+    kind follows in its order."""
     import pyarrow.parquet as pq
 
     from vidlabel.core.io import write_parquet

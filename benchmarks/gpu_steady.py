@@ -61,6 +61,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import decode_indices  # noqa: E402
 import gpu_classify as gc  # noqa: E402
+from vidlabel.serve import probe  # noqa: E402  (gpu_classify puts src on the path)
 
 TICK = os.sysconf("SC_CLK_TCK")
 SAMPLE_S = 1.0
@@ -195,26 +196,12 @@ class MetricsSampler(_Sampler):
                     waiting += float(value)
             for bound, n in queue_time_buckets(text).items():
                 buckets[bound] = buckets.get(bound, 0.0) + n
-            kv_tokens = (kv_tokens or 0) + (kv_cache_tokens(text) or 0)
+            kv_tokens = (kv_tokens or 0) + (probe.kv_cache_tokens(text) or 0)
         if buckets:
             self.queue_buckets = buckets
         if kv_tokens:
             self.kv_tokens = kv_tokens
         return time.time(), running, waiting
-
-
-_CACHE_INFO = re.compile(r'^vllm:cache_config_info\{([^}]*)\}', re.M)
-
-
-def kv_cache_tokens(text: str) -> int | None:
-    """The engines' KV cache in tokens from vLLM's ``vllm:cache_config_info`` (labels num_gpu_blocks and
-    block_size, one label set per engine), summed over the engines; None where the server does not say."""
-    per_engine: dict[str, int] = {}
-    for labels in _CACHE_INFO.findall(text):
-        found = dict(re.findall(r'(\w+)="([^"]*)"', labels))
-        if found.get("num_gpu_blocks", "").isdigit() and found.get("block_size", "").isdigit():
-            per_engine[found.get("engine", "")] = int(found["num_gpu_blocks"]) * int(found["block_size"])
-    return sum(per_engine.values()) if per_engine else None
 
 
 _QUEUE_BUCKET = re.compile(r'^vllm:request_queue_time_seconds_bucket\{[^}]*le="([^"]+)"[^}]*\} ([0-9.e+]+)$', re.M)
@@ -428,6 +415,7 @@ def steady(records, gpu_samples, metrics: MetricsSampler, proc: ProcSampler, con
     win = phase(records, lo, hi)
     gpu = [u for t, u in gpu_samples if lo <= t <= hi]
     engine = [(r, w) for t, r, w in metrics.samples if lo <= t <= hi]
+    served = [r["prompt_tokens"] for r in ok if r.get("prompt_tokens")]
     ticks = np.arange(lo, hi, SAMPLE_S)
     flight = in_flight(records, ticks) if len(ticks) else np.zeros(0)
     from vidlabel.core import decode as vdecode
@@ -445,8 +433,7 @@ def steady(records, gpu_samples, metrics: MetricsSampler, proc: ProcSampler, con
         "kv_cache_tokens": metrics.kv_tokens,
         # How many of the job's mean requests the KV cache holds: the in-flight count past which requests
         # wait in the engine (its admission takes a whole prompt), docs/serving.md
-        "kv_cache_requests": (metrics.kv_tokens / statistics.mean(r["prompt_tokens"] for r in ok if r.get("prompt_tokens"))
-                              if metrics.kv_tokens and any(r.get("prompt_tokens") for r in ok) else None),
+        "kv_cache_requests": (metrics.kv_tokens / statistics.mean(served) if metrics.kv_tokens and served else None),
         "client_in_flight_median": float(np.median(flight)) if len(flight) else None,
         "cpu_s_per_answer": cpu_split(proc, lo, hi, win["answers"]),
         "cpus": len(os.sched_getaffinity(0)), "decode": vdecode.choice(config),
@@ -610,8 +597,8 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         if idle := (r.get("steady") or {}).get("idle_seconds"):
             lines.append(f"{r['variant']}: the window's {idle['samples']} idle GPU samples: the engine ran nothing in "
-                         f"{idle['engine_empty']} (the front end had fed it nothing), running {idle['engine_running_median']:g} "
-                         f"and waiting {idle['engine_waiting_median']:g} (median) in the others: running > 0 with the "
+                         f"{idle['engine_empty']} (the front end had fed it nothing), running "
+                         f"{idle['engine_running_median']:g} and waiting {idle['engine_waiting_median']:g} (median) in the others: running > 0 with the "
                          "GPU idle is the engine core's own CPU time between steps")
         st = r.get("steady") or {}
         if st.get("kv_cache_tokens"):

@@ -1,4 +1,5 @@
-"""Queue waits where the KV cache holds few requests (a 72B on one GPU): fixed concurrency against adaptive.
+"""Queue waits where the KV cache holds few requests (a 72B on one GPU): fixed concurrency against adaptive
+and against the count fitted to the KV cache (classify.in_flight_from_kv_cache, the default).
 
     .venv/bin/python benchmarks/queue_wait.py [--requests 400] [--kv-tokens 8000] [--concurrency 32]
 
@@ -14,7 +15,7 @@ completion less its service time; its queue wait is admission less arrival.
 Per run: prompt tok/s while the client still had requests to send, the engine queue's median, 90th
 percentile and longest wait, each also in service times of a median request (what carries over to the
 GPU, where a median request of the mixed set is ~3 s of a 72B's prefill at 5,000 tok/s), and the
-client's in-flight limit (adaptive).
+client's in-flight limit (adaptive; fitted: the count read from the server's KV cache at the start).
 """
 
 from __future__ import annotations
@@ -59,13 +60,15 @@ def main() -> None:
     # Prompt text: log-normal, median ~3,200 chars (~800 tokens at the stand-in's 4 chars a token), a long tail.
     lengths = [min(12_000, int(rng.lognormvariate(8.07, 0.5))) for _ in range(args.requests)]
     c = args.concurrency
-    runs = [(f"fixed, concurrency {c}", c, False), (f"adaptive (floor 4, ceiling {c})", c, True),
-            ("fixed, concurrency 12 (what the KV cache holds, + 2)", 12, False)]
+    # (name, classify.concurrency, adaptive, fitted to the KV cache as a shard job fits it)
+    runs = [(f"fixed, concurrency {c}", c, False, False), (f"adaptive (floor 4, ceiling {c})", c, True, False),
+            ("fixed, concurrency 12 (what the KV cache holds, + 2)", 12, False, False),
+            (f"fitted to the KV cache, at most {c} (the default)", c, False, True)]
     with tempfile.TemporaryDirectory() as tmp:
         print(f"queue_wait: {args.requests} requests, KV cache {args.kv_tokens:,} tokens, service 20 ms + prompt / "
               f"{args.prefill:.0f} tok/s; prompt text log-normal (median {sorted(lengths)[len(lengths) // 2]:,} "
               "chars)")
-        for i, (name, concurrency, adaptive) in enumerate(runs):
+        for i, (name, concurrency, adaptive, fit) in enumerate(runs):
             work = Path(tmp) / f"run{i}"
             work.mkdir()
             log = work / "requests.jsonl"
@@ -76,7 +79,7 @@ def main() -> None:
                                         "adaptive_concurrency": {"enabled": adaptive, "floor": 4, "ceiling": c}})
             settings = dataclasses.replace(ServeSettings.from_config(cfg).client, adaptive_interval_s=0.5)
             t0 = time.perf_counter()
-            limits = asyncio.run(run_client(cfg, rows, settings, work / "server.log"))
+            limits = asyncio.run(run_client(cfg, rows, settings, work / "server.log", fit=fit))
             wall = time.perf_counter() - t0
             queued, tok_s, window = waits(log, args.prefill)
             done = [json.loads(x) for x in log.read_text().splitlines()]

@@ -60,9 +60,9 @@ def test_steady_state_benchmark_on_the_standin(tmp_path, capsys):
     assert 0.3 <= q["p90_at_most_s"] <= q["longest_at_most_s"] and q["longest_at_most_s"] >= 2.5
     assert (f"deccpu: engine queue (vllm:request_queue_time_seconds, whole job): {q['requests']} requests, "
             "0 waited over 60 s") in printed
-    # The KV cache the server reports (the stand-in's info gauge: 4,096 blocks of 16), in mean requests.
-    assert s["kv_cache_tokens"] == 65536 and s["kv_cache_requests"] > 1
-    assert "deccpu: KV cache 65,536 tokens (vllm:cache_config_info): " in printed
+    # The KV cache the server reports (the stand-in's info gauge: 65,536 blocks of 16), in mean requests.
+    assert s["kv_cache_tokens"] == 2 ** 20 and s["kv_cache_requests"] > 1
+    assert "deccpu: KV cache 1,048,576 tokens (vllm:cache_config_info): " in printed
     rep = s["replay"]
     assert rep["decoded_files"] == 2 and rep["decode_cpu_s_per_answer"] > 0
     # One video per answer here: per answer and per video sent are the same figure.
@@ -200,17 +200,6 @@ def test_what_the_engine_held_while_the_gpu_was_idle():
     idle = gpu_steady.idle_seconds(gpu, engine, 10.0, 20.0)
     assert idle == {"samples": 3, "engine_running_median": 18.0, "engine_empty": 1, "engine_waiting_median": 1.0}
     assert gpu_steady.idle_seconds([(10.0, 80.0)], engine, 10.0, 20.0) is None
-
-
-def test_the_kv_cache_in_tokens_from_vllm_s_cache_config_info():
-    # As vLLM 0.26 writes the info gauge (every CacheConfig field a label), two engines of one server.
-    def info(engine, blocks):
-        return (f'vllm:cache_config_info{{block_size="16",cache_dtype="auto",engine="{engine}",'
-                f'gpu_memory_utilization="0.92",num_gpu_blocks="{blocks}",prefix_caching_hash_algo="sha256"}} 1.0')
-    text = "\n".join(["# TYPE vllm:cache_config_info gauge", info(0, 6422), info(1, 6422), info(1, 6422)])
-    assert gpu_steady.kv_cache_tokens(text) == 2 * 6422 * 16  # a label set repeated counts once
-    assert gpu_steady.kv_cache_tokens(text.replace('num_gpu_blocks="6422"', 'num_gpu_blocks="None"')) is None
-    assert gpu_steady.kv_cache_tokens("vllm:num_requests_running 3.0") is None
 
 
 def test_engine_queue_waits_from_vllm_s_histogram():

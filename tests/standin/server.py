@@ -499,7 +499,8 @@ class StandIn:
         cache = {"block_size": 16, "cache_dtype": self.args.kv_cache_dtype, "calculate_kv_scales": False,
                  "cpu_offload_gb": 0, "enable_prefix_caching": self.args.enable_prefix_caching, "engine": 0,
                  "gpu_memory_utilization": self.args.gpu_memory_utilization, "num_cpu_blocks": 0,
-                 "num_gpu_blocks": self.args.kv_capacity_tokens // 16 or 4096, "swap_space": 4}
+                 # --kv-capacity-tokens 0 (unlimited): a cache of 2**20 tokens, more than any test sends at once
+                 "num_gpu_blocks": self.args.kv_capacity_tokens // 16 or 2 ** 16, "swap_space": 4}
         lines += ["# TYPE vllm:cache_config_info gauge",
                   "vllm:cache_config_info{" + ",".join(f'{k}="{v}"' for k, v in cache.items()) + "} 1.0"]
         lines.append("# TYPE vllm:request_queue_time_seconds histogram")

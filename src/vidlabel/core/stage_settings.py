@@ -49,9 +49,10 @@ _PROMPT = ("classify.prompt_template", "classify.questions", "classify.max_model
 _SERVER = ("classify.model", "classify.server_command", "classify.server_args", "classify.quantization",
            "classify.generation_config", "classify.temperature", "classify.top_logprobs", "classify.media_identity",
            "media_root")
-_CLIENT = ("classify.concurrency", "classify.request_timeout_s", "classify.adaptive_deadline",
-           "classify.deadline_floor_s", "classify.max_attempts", "classify.backoff_initial_s",
-           "classify.backoff_max_s", "classify.health_interval_s", "classify.adaptive_concurrency")
+_CLIENT = ("classify.concurrency", "classify.in_flight_from_kv_cache", "classify.request_timeout_s",
+           "classify.adaptive_deadline", "classify.deadline_floor_s", "classify.max_attempts",
+           "classify.backoff_initial_s", "classify.backoff_max_s", "classify.health_interval_s",
+           "classify.adaptive_concurrency")
 # How a job lays out its servers on the GPUs it was granted: chosen per job, never part of an answer.
 _LAYOUT = ("classify.parallelism", "classify.data_parallel_backend", "classify.gpu_memory_gib",
            "classify.gpu_memory_utilization", "classify.max_num_seqs", "classify.api_server_count",

@@ -277,6 +277,10 @@ async def _classify(settings: ServeSettings, provenance: Provenance, rows: list[
                     log.info("shard %d: every answer is journaled and came from the servers now up: nothing to send",
                              shard)
                     return
+                # What the KV caches hold of this shard's requests: more in flight would only queue in the engines.
+                mean_tokens = sum(int(r["est_prompt_tokens"] or 0) for r in pending) / len(pending)
+                if fitted := client.fit_in_flight(mean_tokens + client_settings.max_tokens):
+                    log.info("shard %d: %s", shard, fitted)
                 progress = Progress(len(rows), len(rows) - len(pending), shard, settings.progress_interval_s,
                                     work=sum(int(r["est_prompt_tokens"] or 0) for r in pending))
                 if server is not None:

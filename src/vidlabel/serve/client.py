@@ -51,10 +51,10 @@ import aiohttp
 
 from vidlabel.core.prompt import parse_answers
 from vidlabel.serve.breaker import Breaker, request_kinds
-from vidlabel.serve.concurrency import adapt
+from vidlabel.serve.concurrency import adapt, fit_in_flight
 from vidlabel.serve.confidence import answer_probabilities
 from vidlabel.serve.deadline import Deadlines, Expired
-from vidlabel.serve.endpoints import Endpoint, Endpoints, NoLiveEndpoint, describe
+from vidlabel.serve.endpoints import DOWN, Endpoint, Endpoints, NoLiveEndpoint, describe
 from vidlabel.serve.error_kinds import (
     classify_error,
     fatal_error,
@@ -155,6 +155,21 @@ class ClassifyClient:
                                                          s.adaptive_ceiling, s.adaptive_interval_s,
                                                          self.limit_history)))
         return self
+
+    def fit_in_flight(self, request_tokens: float) -> str | None:
+        """Lower the in-flight limit to what the live servers' KV caches hold of requests of
+        ``request_tokens`` (``concurrency.fit_in_flight``; classify.in_flight_from_kv_cache), once their
+        identities are known; why in words where it moved, else None."""
+        if not self.settings.in_flight_from_kv_cache:
+            return None
+        live = [ep for ep in self.endpoints.all if ep.state != DOWN and ep.identity is not None]
+        if not live:
+            return None
+        n, why = fit_in_flight(self.limit.ceiling, [ep.identity.kv_cache_tokens for ep in live], request_tokens)
+        if n >= self.limit.ceiling:
+            return None
+        self.limit.set_ceiling(n)
+        return why
 
     async def __aexit__(self, *exc) -> None:
         for task in self._tasks:

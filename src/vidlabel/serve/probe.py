@@ -6,8 +6,9 @@ From vLLM 0.26's HTTP API:
 - ``GET /v1/models``: the served model's id, its ``root`` (the folder or hub name it loaded) and
   ``max_model_len``;
 - ``GET /metrics``: the info gauge ``vllm:cache_config_info``, whose labels are the engine's cache
-  config; its ``cache_dtype`` (an fp8 KV cache changes answers) is kept, not the block counts (they
-  follow the GPU memory the engine found free at start-up);
+  config; its ``cache_dtype`` (an fp8 KV cache changes answers) is kept in the fingerprint, not the block
+  counts (they follow the GPU memory the engine found free at start-up): those give the KV cache in tokens
+  (``kv_cache_tokens``), from which the job sizes its in-flight limit (``concurrency.fit_in_flight``);
 - ``GET /server_info?config_format=json`` (only where the server runs with VLLM_SERVER_DEV_MODE=1): the
   engine's whole config, of which the answer-relevant keys are kept (``SERVER_INFO_KEYS``: quantization,
   dtype, load format, media and processor kwargs, ...);
@@ -118,6 +119,9 @@ class ServerIdentity:
     reported: dict = field(default_factory=dict)  # /metrics info labels and /server_info keys
     calibration: dict = field(default_factory=dict)  # video -> visual tokens (None: not measured)
     unlike_plan: tuple[str, ...] = ()  # calibration videos the server counts otherwise than the plan
+    # Its KV cache in tokens (vllm:cache_config_info), None where not reported: how many requests it admits
+    # at once, for the in-flight limit; not in the fingerprint (the GPU's memory, not the answer, sets it).
+    kv_cache_tokens: int | None = None
 
     @property
     def label(self) -> str:
@@ -160,6 +164,21 @@ def metrics_info(text: str | None) -> dict[str, str]:
             if name in labels:
                 found[f"{match.group(1)}.{name}"] = labels[name]
     return found
+
+
+def kv_cache_tokens(text: str | None) -> int | None:
+    """A server's KV cache in tokens: ``num_gpu_blocks`` x ``block_size`` of vLLM's ``vllm:cache_config_info``,
+    summed over its engines (one label set each; an engine repeated by several API servers counts once)."""
+    per_engine: dict[str, int] = {}
+    for line in (text or "").splitlines():
+        match = _METRIC_LINE.match(line)
+        if not match or match.group(1) != "vllm:cache_config_info":
+            continue
+        labels = dict(_LABEL.findall(match.group(2)))
+        blocks, size = labels.get("num_gpu_blocks", ""), labels.get("block_size", "")
+        if blocks.isdigit() and size.isdigit():
+            per_engine[labels.get("engine", "")] = int(blocks) * int(size)
+    return sum(per_engine.values()) or None
 
 
 def server_info_keys(node: Any, path: str = "") -> dict[str, Any]:
@@ -271,11 +290,12 @@ async def identify(session: aiohttp.ClientSession, ep, model: str, calibration: 
     version = (await _get(session, ep.version_url, ep.headers) or {}).get("version")
     models = (await _get(session, ep.models_url, ep.headers) or {}).get("data") or []
     card = models[0] if models and isinstance(models[0], dict) else {}
-    reported = metrics_info(await _get(session, ep.metrics_url, ep.headers, as_json=False))
+    metrics = await _get(session, ep.metrics_url, ep.headers, as_json=False)
+    reported = metrics_info(metrics)
     info = await _get(session, ep.server_info_url, ep.headers)
     if isinstance(info, dict) and isinstance(info.get("vllm_config"), dict):
         reported.update({f"server_info.{k}": v for k, v in server_info_keys(info["vllm_config"]).items()})
     measured, unlike = await calibrate(session, ep, model, calibration) if calibration else ({}, ())
     return ServerIdentity(version=version, model_id=card.get("id"), model_root=card.get("root"),
                           max_model_len=card.get("max_model_len"), reported=reported, calibration=measured,
-                          unlike_plan=unlike)
+                          unlike_plan=unlike, kv_cache_tokens=kv_cache_tokens(metrics))

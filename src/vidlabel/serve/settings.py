@@ -35,6 +35,7 @@ class ClientSettings:
     model: str
     questions: tuple[dict[str, Any], ...]
     concurrency: int = 16
+    in_flight_from_kv_cache: bool = True  # fewer in flight where the KV cache holds fewer (concurrency.fit_in_flight)
     max_tokens: int = 512
     temperature: float = 0.0
     top_logprobs: int = 20
@@ -146,7 +147,8 @@ class ServeSettings:
         ad = c["adaptive_concurrency"]
         questions = tuple(_thaw(q) for q in c["questions"])
         client = ClientSettings(
-            model=c["model"], questions=questions, concurrency=c["concurrency"], max_tokens=c["max_tokens"],
+            model=c["model"], questions=questions, concurrency=c["concurrency"],
+            in_flight_from_kv_cache=c["in_flight_from_kv_cache"], max_tokens=c["max_tokens"],
             temperature=c["temperature"], top_logprobs=c["top_logprobs"], request_timeout_s=c["request_timeout_s"],
             adaptive_deadline=c["adaptive_deadline"], deadline_floor_s=c["deadline_floor_s"],
             max_attempts=c["max_attempts"], backoff_initial_s=c["backoff_initial_s"],
