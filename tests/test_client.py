@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from standin import is_probe, read_request_log, standin_command
+from standin import is_probe, max_in_flight, read_request_log, standin_command
 from standin.shards import (
     QUESTIONS,
     YES_IF,
@@ -439,17 +439,6 @@ def _run(cfg, tmp_path, rows, faults=(), endpoints=None, settings=None):
     return recs, events, client
 
 
-def _max_overlap(events) -> int:
-    depth = best = 0
-    for e in sorted(events, key=lambda e: e["t"]):
-        if e["event"] == "received":
-            depth += 1
-            best = max(best, depth)
-        elif e["event"] in ("completed", "cancelled"):
-            depth -= 1
-    return best
-
-
 def test_request_body_names_the_video_as_a_file_uri(tmp_path, media):
     cfg = make_config(tmp_path, media)
     (row,) = manifest_rows(cfg, [{"post_id": "p", "media_path": str(media / "clip.mp4"), "caption": "é \"q\""}])
@@ -481,7 +470,7 @@ def test_concurrency_bound_and_deadline_excludes_slot_wait(tmp_path, media):
     cfg = make_config(tmp_path, media, classify={"concurrency": 2, "request_timeout_s": 1.5, "max_attempts": 1})
     recs, events, _ = _run(cfg, tmp_path, _rows(cfg, media, 12), ("--latency", "0.5"))
     assert all(r["status"] == "ok" for r in recs)
-    assert _max_overlap(events) == 2
+    assert max_in_flight(events) == 2
 
 
 def test_attempts_are_bounded(tmp_path, media):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from standin import is_probe, read_request_log, standin_command
+from standin import is_probe, max_in_flight, read_request_log, standin_command
 from standin.shards import YES_IF, make_config, make_video, manifest_rows, write_manifest
 
 from vidlabel.serve.concurrency import IN_FLIGHT_HEADROOM, fit_in_flight
@@ -57,17 +57,6 @@ def _serve(cfg, log, kv_tokens: int) -> None:
                                                         "--latency", "0.2", "--kv-capacity-tokens", str(kv_tokens))
 
 
-def _in_flight_max(events) -> int:
-    depth = best = 0
-    for e in sorted(events, key=lambda e: e["t"]):
-        if e["event"] == "received":
-            depth += 1
-            best = max(best, depth)
-        elif e["event"] in ("completed", "cancelled"):
-            depth -= 1
-    return best
-
-
 def test_a_job_keeps_in_flight_what_its_servers_kv_cache_holds(tmp_path, caplog):
     import logging
 
@@ -90,9 +79,9 @@ def test_a_job_keeps_in_flight_what_its_servers_kv_cache_holds(tmp_path, caplog)
         events = [e for e in read_request_log(log) if not is_probe(e["request_id"])]
         said = [r.getMessage() for r in caplog.records if "in flight, not classify.concurrency" in r.getMessage()]
         if on:
-            assert _in_flight_max(events) == 3 + IN_FLIGHT_HEADROOM
+            assert max_in_flight(events) == 3 + IN_FLIGHT_HEADROOM
             assert said == [f"shard 0: 5 in flight, not classify.concurrency 16: the KV cache of {kv:,} tokens holds "
                             f"3 of this shard's mean request ({request:,.0f} tokens with its answer), + 2 per server "
                             "(classify.in_flight_from_kv_cache)"]
         else:  # classify.concurrency in flight: the rest queue in the engine
-            assert _in_flight_max(events) == 16 and said == []
+            assert max_in_flight(events) == 16 and said == []

@@ -222,22 +222,11 @@ def _shard(tmp_path: Path, n: int, classify: dict, monkeypatch):
     return cfg, write_manifest(tmp_path / "shard.parquet", rows), log
 
 
-def _in_flight_max(events) -> int:
-    depth = best = 0
-    for e in sorted(events, key=lambda e: e["t"]):
-        if e["event"] == "received":
-            depth += 1
-            best = max(best, depth)
-        elif e["event"] in ("completed", "cancelled"):
-            depth -= 1
-    return best
-
-
 def test_one_server_per_copy_with_its_gpus_and_balanced_requests(tmp_path, monkeypatch):
     """tensor 1 x data 2 on a job granted GPUs 4,5: two stand-in servers, one per GPU; the client
     spreads the requests over both and keeps classify.concurrency in flight at each."""
     import pyarrow.parquet as pq
-    from standin import is_probe, read_request_log
+    from standin import is_probe, max_in_flight, read_request_log
 
     from vidlabel.serve.classify import run_shard
 
@@ -258,12 +247,12 @@ def test_one_server_per_copy_with_its_gpus_and_balanced_requests(tmp_path, monke
     served = sorted(sum(e["event"] == "received" for e in evs) for evs in by_server.values())
     assert served[0] >= 8 and sum(served) == 24  # both copies did a fair share
     # Two requests in flight per copy: four at once over the job, never more.
-    assert _in_flight_max(events) == 4
+    assert max_in_flight(events) == 4
 
 
 def test_vllm_data_parallel_is_one_server_with_the_copies_behind_one_port(tmp_path, monkeypatch):
     import pyarrow.parquet as pq
-    from standin import is_probe, read_request_log
+    from standin import is_probe, max_in_flight, read_request_log
 
     from vidlabel.serve.classify import run_shard
 
@@ -275,4 +264,4 @@ def test_vllm_data_parallel_is_one_server_with_the_copies_behind_one_port(tmp_pa
     text = (tmp_path / "server.log").read_text()
     assert "CUDA_VISIBLE_DEVICES 0,1," in text and "tensor 1 x data 2" in text
     events = [e for e in read_request_log(log) if not is_probe(e["request_id"])]
-    assert len({e["pid"] for e in events}) == 1 and _in_flight_max(events) == 4
+    assert len({e["pid"] for e in events}) == 1 and max_in_flight(events) == 4

@@ -66,6 +66,18 @@ def read_request_log(path: str | Path) -> list[dict]:
     return events
 
 
+def max_in_flight(events: list[dict]) -> int:
+    """The most requests the stand-in held at once, from its request events (received, completed, cancelled)."""
+    depth = best = 0
+    for e in sorted(events, key=lambda e: e["t"]):
+        if e["event"] == "received":
+            depth += 1
+            best = max(best, depth)
+        elif e["event"] in ("completed", "cancelled"):
+            depth -= 1
+    return best
+
+
 def vllm_shim(directory: str | Path, *standin_args: str, python: str | None = None) -> Path:
     """Write an executable ``directory/vllm`` that answers ``vllm serve MODEL [vLLM flags]`` by
     starting the stand-in with vLLM's own command line and its Qwen2.5-VL token and encoder-cache
