@@ -12,7 +12,8 @@ instead, to try the script without a GPU). Steps:
              decode. ``--kind none``: no such set (with ``--formats`` only). ``--formats`` adds one post
              per format users download (HEVC 8/10 bit, VP9 WebM, AV1, .mov, .mkv, 60 fps, variable
              frame rate, a rotation flag, odd and panoramic sizes, yuv444, 10-bit H.264, 4K portrait,
-             0.5 s / 0.25 s / one-frame clips, no audio, MPEG-4 Part 2 in AVI; a format file already in
+             0.5 s / 0.25 s / one-frame clips, no audio, MPEG-4 Part 2 in AVI, an edit-list cut, a
+             359-frame 1080x1920 clip that vLLM's float32 indices sample one frame more; a format file already in
              media/ is kept, so a set made elsewhere can be copied in first). ``--posts`` posts use
              the sources (several posts may share a file: the default server flags turn vLLM's prefix
              and multimodal caches off, so every request is decoded, processed and prefilled in full),
@@ -209,6 +210,9 @@ def format_specs() -> dict[str, dict]:
         # A clip cut without re-encoding, as phone editors and platforms trim: an MP4 edit list whose
         # header still counts the frames before the cut, which the decoder drops.
         "edit-list": dict(ext="mp4", cut_copy=1.3, args=[*h264]),
+        # 359 frames at 30 fps, 1080x1920: Qwen2-VL's loader computes its indices in float32 and samples
+        # 23 frames (12 pairs) where exact arithmetic gives 22; the estimate must count what is served.
+        "float-edge-359": dict(ext="mp4", size=(1080, 1920), seconds=359 / 30, frames=359, args=[*h264, *aac]),
     }
     av1 = av1_encoder()
     if av1:

@@ -149,8 +149,8 @@ class ProcSampler(_Sampler):
             try:
                 # The process's own total holds the threads that exited between samples too; its main
                 # thread apart (the pools are the difference). Summing the live threads lost the CPU of
-                # pool threads that ended: a reason the decode replay once came out above the measured
-                # total (a negative "rest"); the next GPU run tells whether it was the only one.
+                # pool threads that ended: one reason the decode replay came out above the measured total
+                # (a negative "rest"); the others were the replay's (see replay_decode).
                 threads[(pid, None)] = _cpu_s(f"/proc/{pid}/stat")
                 threads[(pid, pid)] = _cpu_s(f"/proc/{pid}/task/{pid}/stat")
             except OSError:
@@ -344,29 +344,39 @@ def replay_decode(records: list[dict], lo: float, hi: float, config: dict) -> di
     """Decode CPU-s per answer of the window: each distinct video through vLLM's loader with the job's
     backend (the re-implementation where vLLM is not importable), weighted by how often the window sent it,
     over the window's answers (those without a video and carousels of several count as they are, so that the
-    figure sits beside the API servers' CPU per answer)."""
+    figure sits beside the API servers' CPU per answer).
+
+    The window is one of answers, but a server decodes a request's media when the request arrives: the
+    decodes whose CPU the window's samples hold are those of the requests sent in it (``started_at``), not
+    of those answered in it. Counting the answered ones charged the window with the decodes of the ramp's
+    first requests, done before it began, and the "rest" came out negative on short jobs (a 102-request
+    job: 80 answers in its window, 60 sends)."""
     from vidlabel.core import decode as vdecode
 
     backend, fps = vdecode.backend(config), float(config["planning"]["fps"])
     media = shard_videos(config)
     sent: dict[str, int] = {}
     first_path: dict[tuple[int, int], str] = {}  # posts that share a file (hard links) decode it once
-    answers = 0
+    answers = sum(1 for r in records if r["status"] == "ok" and lo < r["finished_at"] <= hi)
     for r in records:
-        if r["status"] != "ok" or not lo < r["finished_at"] <= hi:
+        if not (r.get("started_at") and lo < r["started_at"] <= hi):
             continue
-        answers += 1
         for path in media.get(r["request_id"], []):
             st = os.stat(path)
             path = first_path.setdefault((st.st_dev, st.st_ino), path)
             sent[path] = sent.get(path, 0) + 1
-    if not sent:
+    if not sent or not answers:
         return {}
     # One file per process, in parallel (a file's CPU seconds are its own process's): a mixed set's window
     # holds dozens of distinct files, seconds each, which one after the other cost minutes of a GPU lease.
     paths = list(sent)
     workers = max(1, min(len(paths), len(os.sched_getaffinity(0))))
-    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    # Each worker decodes the smallest file once before it measures: a process's first decode imports the
+    # loader's modules and initialises the decoder (1.4 of 2.7 CPU-s on a 12 s 1080p clip here), which a
+    # server pays once at start-up, not per request; counted, it put the replay above the pools' total.
+    smallest = min(paths, key=lambda p: os.stat(p).st_size)
+    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                                initializer=_replay_warm, initargs=(smallest, backend, fps)) as pool:
         measured = list(pool.map(_replay_one, paths, [backend] * len(paths), [fps] * len(paths)))
     cpu = wall = 0.0
     replayed = 0
@@ -390,6 +400,11 @@ def replay_decode(records: list[dict], lo: float, hi: float, config: dict) -> di
 
 
 _LOADERS: dict = {}
+
+
+def _replay_warm(path: str, backend: str, fps: float) -> None:
+    """A replay worker's start: its loader made and one decode done, not measured."""
+    _replay_one(path, backend, fps)
 
 
 def _replay_one(path: str, backend: str, fps: float) -> tuple[float | None, float | None, str, str | None]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from standin import is_probe, read_request_log
+from standin import is_probe, max_in_flight, read_request_log
 from standin.shards import (
     expected_answers,
     make_config,
@@ -416,6 +416,24 @@ def test_crashed_endpoint_moves_its_traffic_to_the_live_one(make_shard, monkeypa
     assert elapsed < 30  # not a request timeout per request
     shard.check_journal_and_resends()
     assert [e for e in read_request_log(shard.request_log) if e["event"] == "crash"]
+
+
+def test_classify_concurrency_is_per_endpoint(make_shard, monkeypatch):
+    """Two external servers get classify.concurrency each, as two copies of the job's own server do
+    (and as pilot.request_slots plans): 3 in flight per endpoint, 6 in all."""
+    shard = make_shard(30)
+    # Slow answers and slots for all: only the client's limit bounds what the servers hold at once.
+    servers = [_endpoint(shard, shard.config("--latency", "0.4", "--slots", "32"), name, "k") for name in "ab"]
+    try:
+        shard.run(_use_endpoints(shard.config(concurrency=3), monkeypatch, "k", *servers))
+    finally:
+        for server in servers:
+            server.stop()
+    assert all(r["status"] == "ok" for r in shard.check_complete_labels().values())
+    events = shard.events()
+    assert max_in_flight(events) == 2 * 3
+    by_server = {pid: [e for e in events if e["pid"] == pid] for pid in {e["pid"] for e in events}}
+    assert len(by_server) == 2 and all(max_in_flight(e) == 3 for e in by_server.values())
 
 
 def test_lone_endpoint_crash_stops_the_job_quickly_and_the_rerun_completes(make_shard, monkeypatch):

@@ -245,6 +245,9 @@ async def _classify(settings: ServeSettings, provenance: Provenance, rows: list[
     try:
         if settings.endpoints:
             endpoints, down = await external_endpoints(settings)
+            # classify.concurrency is per server: each endpoint is one, as each copy is below.
+            client_settings = replace(client_settings,
+                                      concurrency=client_settings.concurrency * len(settings.endpoints))
         else:
             largest = max(int(r["est_prompt_tokens"] or 0) for r in pending) + client_settings.max_tokens
             layout = choose_layout(settings, largest)
