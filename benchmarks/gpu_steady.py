@@ -371,12 +371,12 @@ def replay_decode(records: list[dict], lo: float, hi: float, config: dict) -> di
     # holds dozens of distinct files, seconds each, which one after the other cost minutes of a GPU lease.
     paths = list(sent)
     workers = max(1, min(len(paths), len(os.sched_getaffinity(0))))
-    # Each worker decodes the smallest file once before it measures: a process's first decode imports the
-    # loader's modules and initialises the decoder (1.4 of 2.7 CPU-s on a 12 s 1080p clip here), which a
-    # server pays once at start-up, not per request; counted, it put the replay above the pools' total.
+    # Each worker decodes the smallest file once, unmeasured, before it measures: a process's first decode
+    # imports the loader's modules and initialises the decoder (1.4 of 2.7 CPU-s for a 12 s 1080p clip with
+    # the re-implementation on a 2-core machine), which a server pays once at start-up, not per request.
     smallest = min(paths, key=lambda p: os.stat(p).st_size)
     with cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                                initializer=_replay_warm, initargs=(smallest, backend, fps)) as pool:
+                                initializer=_replay_one, initargs=(smallest, backend, fps)) as pool:
         measured = list(pool.map(_replay_one, paths, [backend] * len(paths), [fps] * len(paths)))
     cpu = wall = 0.0
     replayed = 0
@@ -400,11 +400,6 @@ def replay_decode(records: list[dict], lo: float, hi: float, config: dict) -> di
 
 
 _LOADERS: dict = {}
-
-
-def _replay_warm(path: str, backend: str, fps: float) -> None:
-    """A replay worker's start: its loader made and one decode done, not measured."""
-    _replay_one(path, backend, fps)
 
 
 def _replay_one(path: str, backend: str, fps: float) -> tuple[float | None, float | None, str, str | None]:
