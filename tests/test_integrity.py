@@ -227,11 +227,18 @@ def test_a_row_of_undecodable_videos_stops_the_job(make_shard, tmp_path):
     assert MEDIA_FAILURE_RUN <= len(failed) <= MEDIA_FAILURE_RUN + 1
 
 
+# A failing request's answers take 1 s, the others 1.5 s: every other answer lands between its first and
+# second failure.
+BETWEEN_FAILURES = ("--error-latency", "1.0", "--latency", "1.5")
+
+
 def test_a_request_failing_the_same_way_every_time_ends_terminal_without_blocking_the_shard(make_shard):
     """A 1-frame video made vLLM's frame sampler divide by zero on every attempt: a retry no rerun
     could ever finish. With the server answering the others, it becomes a terminal record."""
     shard = make_shard(6, {3: {"caption": "zeroword"}})
-    shard.run(shard.config("--error-on", "zeroword=500:division by zero", max_attempts=3))
+    # The others are answered between its first and second failure, whatever the machine's load: the
+    # evidence that the server answers while this request fails (instant answers raced its failures).
+    shard.run(shard.config("--error-on", "zeroword=500:division by zero", *BETWEEN_FAILURES, max_attempts=3))
     labels = shard.check_complete_labels()  # no ShardIncomplete: the shard is done
     row = labels["post003"]
     assert (row["status"], row["error_kind"], row["attempts"]) == ("error", "server_error", 3)
@@ -255,7 +262,7 @@ def test_a_lone_unfinished_request_is_decided_by_a_control(make_shard):
     journaled); the server answers it, so the attempts count, and with those of the first run the
     request ends terminal instead of failing the shard for ever."""
     shard = make_shard(4, {2: {"caption": "zeroword"}})
-    cfg = shard.config("--error-on", "zeroword=500:division by zero", max_attempts=2)
+    cfg = shard.config("--error-on", "zeroword=500:division by zero", *BETWEEN_FAILURES, max_attempts=2)
     shard.run(cfg)
     # As if the first run had been cut short: post002 retryable, with the first run's 2 attempts.
     records = list(iter_records(shard.journal))

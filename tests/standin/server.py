@@ -168,6 +168,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--invalid-json-on", action="append", default=[], metavar="WORD")
     p.add_argument("--error-on", action="append", default=[], metavar="WORD=STATUS:MESSAGE",
                    help="every attempt of prompts containing WORD answers STATUS with MESSAGE")
+    p.add_argument("--error-latency", type=float, default=0.0, metavar="S",
+                   help="seconds before an --error-on answer (no slot taken)")
     p.add_argument("--verbose-on", action="append", default=[], metavar="WORD=TOKENS",
                    help="the answer to prompts containing WORD needs TOKENS output tokens")
     p.add_argument("--fail-all-with", default=None, metavar="STATUS:MESSAGE",
@@ -690,6 +692,7 @@ class StandIn:
             word, _, rest = spec.partition("=")
             status_text, _, message = rest.partition(":")
             if word.lower() in prompt_lower:
+                await asyncio.sleep(args.error_latency)
                 return self._error(rid, int(status_text), message, "InternalServerError")
         if faults and media and args.random_500 and self.rng.random() < args.random_500:
             return self._error(rid, 500, "Internal server error (injected)", "InternalServerError")
