@@ -389,6 +389,7 @@ async def _stream(client: ClassifyClient, pending: list[dict], journal: Journal,
         await asyncio.shield(control_tasks[control["request_id"]])
 
     async def one(row: dict) -> bool:
+        progress.sent(row)
         rec = await send(row)
         if rec is None:
             return False
