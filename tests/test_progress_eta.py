@@ -1,8 +1,8 @@
 """The progress line's ETA on a long job of mixed posts: the work left (estimated prompt tokens, those in
 flight counted half done) over the rate since the first answer, checked against a simulated job's real
-end at a quarter, half and three quarters of it, and over its last third. The simulated server answers at a steady rate after a slow start, so what is
-checked is the estimator, not a server's behaviour (the real job's ETA is benchmarks/eta_accuracy.py's
-and the GPU session's)."""
+end at a quarter, half and three quarters of it, and over its last third. The simulated servers answer
+at a steady rate after a slow start, so what is checked is the estimator, not a server's behaviour (the
+real job's ETA is benchmarks/eta_accuracy.py's and the GPU session's)."""
 
 from __future__ import annotations
 
