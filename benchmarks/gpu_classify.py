@@ -36,6 +36,7 @@ instead, to try the script without a GPU). Steps:
              concurrency per copy), ``seqsN`` (classify.max_num_seqs: the engine's running cap), ``adapt`` / ``adaptN`` (classify.adaptive_concurrency on, ceiling N),
              ``tpN`` / ``dpN`` (tensor or data parallel instead of ``auto``),
              ``dpvllm`` (copies served by vLLM's --data-parallel-size), ``eager`` (--enforce-eager),
+             ``kvfp8`` (--kv-cache-dtype fp8: FP8 attention and twice the KV cache),
              ``mbtN`` (--max-num-batched-tokens N), ``lpN`` (classify.top_logprobs N; lp0: none), ``decgpu`` /
              ``dectorchcodec`` / ``deccpu`` (planning.decode), ``fp8`` (classify.quantization); ``@anything`` at the end only names the run
              (``default-@72b-4gpu``). A rerun of the same workdir resumes unfinished variants from
@@ -639,6 +640,8 @@ def variant_config(args, name: str) -> tuple[str, dict]:
             c["data_parallel_backend"] = "vllm"
         elif word == "eager":
             c["server_args"] = f"{c['server_args']} --enforce-eager".strip()
+        elif word == "kvfp8":
+            c["server_args"] = f"{c['server_args']} --kv-cache-dtype fp8".strip()
         elif re.fullmatch(r"dec(cpu|gpu|torchcodec)", word):
             pass  # in the media mode: the decoder decides which posts the manifest transcodes
         elif word == "fp8":

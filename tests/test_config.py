@@ -15,7 +15,7 @@ def base():
 
 def test_defaults_filled_recursively():
     cfg = vconfig.validate(base())
-    assert cfg["classify"]["concurrency"] == 32
+    assert cfg["classify"]["concurrency"] == 64
     assert cfg["classify"]["adaptive_concurrency"]["enabled"] is False
     assert cfg["planning"]["transcode"]["chunks"] == 4
     assert cfg["stats"]["confidence"] == 0.95

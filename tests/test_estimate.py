@@ -139,6 +139,14 @@ def test_a_pilot_too_small_for_its_concurrency_says_so():
     assert es.pilot_too_small(cfg, 4) is None  # 48 for 4 in flight is enough
 
 
+def test_the_default_pilot_holds_four_requests_per_slot_of_the_default_concurrency():
+    """classify.concurrency's default rose from 32 to 64: planning.pilot_size's default rises with it,
+    or every one-copy job would warn that its pilot is too small."""
+    cfg = cfgmod.validate({"posts": "p", "media_root": "/m"})
+    assert es.pilot_too_small(cfg, cfg["classify"]["concurrency"]) is None
+    assert es.pilot_too_small(cfg, cfg["classify"]["concurrency"] + 1) is not None  # the default is the least
+
+
 def test_summary_describes_a_per_request_model_when_tokens_get_no_weight():
     """Latency the same whatever the tokens (a saturated server): the summary must not claim that
     throughput follows tokens."""

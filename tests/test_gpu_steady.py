@@ -37,10 +37,12 @@ def test_steady_state_benchmark_on_the_standin(tmp_path, capsys):
     # 2 running, the rest waiting: a queue forms; ~12 s of window, sends in its first half (the first 32
     # go at once, one more per answer after them).
     slow = ["--standin-args", "--slots 2 --latency 0.5"]
-    # deccpu: OpenCV whatever `auto` stands for (the stand-in cannot import a GPU decoder).
-    assert gpu_steady.main([*common, *slow, "--variants", "deccpu", "--min-requests", "20"]) == 0
+    # deccpu: OpenCV whatever `auto` stands for (the stand-in cannot import a GPU decoder); conc32: 32 in flight
+    # whatever the default (at 64 all 60 would go at the start, none in the window).
+    variant = "deccpu-conc32"
+    assert gpu_steady.main([*common, *slow, "--variants", variant, "--min-requests", "20"]) == 0
     printed = capsys.readouterr().out
-    row = next(r for r in json.loads((work / "gpu_classify.json").read_text()) if r["variant"] == "deccpu")
+    row = next(r for r in json.loads((work / "gpu_classify.json").read_text()) if r["variant"] == variant)
     s = row["steady"]
     assert row["requests"] == 60 and row["by_kind"] == {"ok": 60} and not row["stopped_by_time_limit"]
     # The middle 80 % of completions, with the ramp and drain apart.
@@ -59,16 +61,16 @@ def test_steady_state_benchmark_on_the_standin(tmp_path, capsys):
     q = s["engine_queue"]
     assert 40 <= q["requests"] <= 70 and q["over_60_s"] == 0
     assert 0.3 <= q["p90_at_most_s"] <= q["longest_at_most_s"] and q["longest_at_most_s"] >= 2.5
-    assert (f"deccpu: engine queue (vllm:request_queue_time_seconds, whole job): {q['requests']} requests, "
+    assert (f"{variant}: engine queue (vllm:request_queue_time_seconds, whole job): {q['requests']} requests, "
             "0 waited over 60 s") in printed
     # The KV cache the server reports (the stand-in's info gauge: 65,536 blocks of 16), in mean requests.
     assert s["kv_cache_tokens"] == 2 ** 20 and s["kv_cache_requests"] > 1
-    assert "deccpu: KV cache 1,048,576 tokens (vllm:cache_config_info): " in printed
+    assert f"{variant}: KV cache 1,048,576 tokens (vllm:cache_config_info): " in printed
     rep = s["replay"]
     # The window's decodes are those of the requests sent in it: the 32 sent at the start were decoded
     # before it, so fewer videos than answers (one video per request here), and each distinct file among
     # them (post N links source N % 2) decoded once.
-    records = [json.loads(line) for line in (work / "runs" / "deccpu" / "journal.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (work / "runs" / variant / "journal.jsonl").read_text().splitlines()]
     lo, hi = gpu_steady.window_bounds([r["finished_at"] for r in records])
     sent = [r for r in records if lo < r["started_at"] <= hi]
     sent_in_window = len(sent)
@@ -78,14 +80,14 @@ def test_steady_state_benchmark_on_the_standin(tmp_path, capsys):
     assert abs(rep["decode_cpu_s_per_answer"] - rep["decode_cpu_s_per_video"] * rep["videos_per_answer"]) < 1e-9
     assert s["cpus"] == len(os.sched_getaffinity(0)) and s["decode"] == "cpu"
     # The 1 s series behind the figures are kept for reading the run again (no GPU here: no utilization).
-    series = json.loads((work / "runs" / "deccpu" / "samples.json").read_text())
+    series = json.loads((work / "runs" / variant / "samples.json").read_text())
     assert series["gpu_util"] == [] and len(series["engine_running_waiting"]) >= 5
     assert max(r for _, r, _ in series["engine_running_waiting"]) == 2
-    assert "| deccpu |" in printed and "deccpu: " in printed
+    assert f"| {variant} |" in printed and f"{variant}: " in printed
     # The pilot's projection next to this measured job, in the same workdir.
-    assert gpu_classify.main(["estimate", *common, "--variant", "deccpu", "--pilot-size", "8"]) == 0
-    line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("estimate (deccpu)")][-1]
-    assert "measured job (deccpu, 60 requests)" in line and "projected / measured" in line
+    assert gpu_classify.main(["estimate", *common, "--variant", variant, "--pilot-size", "8"]) == 0
+    line = [x for x in capsys.readouterr().out.splitlines() if x.startswith(f"estimate ({variant})")][-1]
+    assert f"measured job ({variant}, 60 requests)" in line and "projected / measured" in line
 
 
 def test_window_cpu_split_and_verdict_on_recorded_samples():
@@ -243,3 +245,8 @@ def test_variant_words_reach_the_job_s_settings(tmp_path):
     assert not ServeSettings.from_config(gpu_classify.variant_config(args, "default")[1]).client.adaptive
     more = ServeSettings.from_config(gpu_classify.variant_config(args, "conc64-seqs64-@more")[1])
     assert (more.client.concurrency, more.server.max_num_seqs) == (64, 64)
+    fewer = ServeSettings.from_config(gpu_classify.variant_config(args, "conc32-seqs32-@fewer")[1])
+    assert (fewer.client.concurrency, fewer.server.max_num_seqs) == (32, 32)
+    # The 72B's FP8 attention: the flag reaches the server's words (and with them the answers' settings).
+    kv = ServeSettings.from_config(gpu_classify.variant_config(args, "fp8-kvfp8-@72b")[1]).server
+    assert "--kv-cache-dtype fp8" in kv.args and kv.quantization == "fp8"
