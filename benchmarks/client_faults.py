@@ -73,7 +73,9 @@ def _child(spec: dict) -> dict:
         from vidlabel.serve.classify import run_shard
 
         cfg = vconfig.validate({"posts": "unused.csv", "media_root": spec["media_root"],
-                                "results": spec["workdir"], "classify": spec["classify"]})
+                                "results": spec["workdir"], "classify": spec["classify"],
+                                # the stand-in's model, named freely, serves as Qwen2.5-VL (tests/standin)
+                                "planning": {"model_family": "qwen2_5_vl"}})
         work = Path(spec["workdir"])
         error = None
         try:
@@ -112,12 +114,14 @@ async def _plain_openai(spec: dict) -> int:
 
 # ---- the parent: stand-ins, clients, figures ---------------------------------------------------------
 
-def _standin(port: int, media: Path, log: Path, faults) -> subprocess.Popen:
+def _standin(port: int, allowed: Path, log: Path, faults) -> subprocess.Popen:
+    """A stand-in on ``port`` that reads media under ``allowed`` (the posts' media and the job's
+    calibration media, which it writes into its results folder)."""
     from standin import SERVER_SCRIPT
     from standin.shards import YES_IF
 
     proc = subprocess.Popen([sys.executable, str(SERVER_SCRIPT), "--host", "127.0.0.1", "--port", str(port),
-                             "--allowed-local-media-path", str(media), "--served-model", MODEL,
+                             "--allowed-local-media-path", str(allowed), "--served-model", MODEL,
                              "--request-log", str(log), *YES_IF, *faults],
                             env={**os.environ, "VLLM_API_KEY": KEY}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
@@ -206,7 +210,7 @@ def scenarios(args) -> None:
                     work.mkdir()
                     logs = [work / f"requests-{i}.jsonl" for i in range(len(SCENARIOS[name]))]
                     ports = [_free_port() for _ in SCENARIOS[name]]
-                    servers = [_standin(p, media, log, f) for p, log, f in zip(ports, logs, SCENARIOS[name])]
+                    servers = [_standin(p, Path(tmp), log, f) for p, log, f in zip(ports, logs, SCENARIOS[name])]
                     try:
                         spec = {"workdir": str(work), "manifest": str(manifest), "media_root": str(media),
                                 "classify": {**classify, "api_key_env": "MY_VLLM_KEY",

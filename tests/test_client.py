@@ -32,6 +32,7 @@ from vidlabel.serve.deadline import DEADLINE_FACTOR, MIN_ANSWERS, Deadlines, Exp
 from vidlabel.serve.endpoints import DOWN, SUSPECT, UP, Endpoints, NoLiveEndpoint
 from vidlabel.serve.error_kinds import (
     FatalClientError,
+    admission_refusal,
     classify_error,
     fatal_error,
     response_message,
@@ -78,6 +79,16 @@ from vidlabel.serve.settings import ServeSettings
 ])
 def test_error_kind_from_status_and_message(status, message, expected):
     assert classify_error(status, message) == expected
+
+
+@pytest.mark.parametrize("status,message,admission", [
+    (503, "The engine is currently busy and cannot accept new requests.", True),  # vLLM 0.26's admission
+    (503, "Service Unavailable", False),  # a proxy's, a fault's: no word on the server's queue
+    (429, "Too many requests", False),
+    (500, "The engine is currently busy and cannot accept new requests.", False),
+])
+def test_only_vllms_admission_503_says_the_server_is_full(status, message, admission):
+    assert admission_refusal(status, message) is admission
 
 
 # Bodies measured on a real vLLM 0.26 server (issue 9), in vLLM's error format (docs/serving.md, "What
@@ -142,14 +153,47 @@ def test_scattered_503s_leave_the_limit_alone():
         sent = [await lim.send() for _ in range(16)]  # the first burst, n = 1..16
         for n in (3, 9, 14):  # refused at once while the others are still at the server
             lim.returned(n)
-            assert lim.refused(n) is False  # no evidence of load: no back-off either
+            assert lim.refused(n, admission=False) is False  # no evidence of load: no back-off either
         assert lim.limit == 16
         for i in range(200):  # then one in five refused, whatever the number at the server
             n = await lim.send()
             lim.returned(n)
-            lim.refused(n) if i % 5 == 0 else lim.answered(n)
+            lim.refused(n, admission=False) if i % 5 == 0 else lim.answered(n)
         assert lim.limit == 16 and len(sent) == 16
     asyncio.run(scenario())
+
+
+def test_scattered_refusals_at_the_top_before_any_answer_leave_the_limit_alone():
+    # A refusal comes back a round trip before the answers sent beside it, and a refused request is sent
+    # again at once, at the top: three anonymous refusals there before the first answer are bad luck,
+    # not load. The same three in vLLM's admission wording are the server saying it is full.
+    async def scenario(admission: bool) -> tuple[list[bool], list[int], InFlightLimit]:
+        lim = InFlightLimit(8)
+        sent = [await lim.send() for _ in range(8)]
+        verdicts, resends = [], []
+        for n in (sent[7], sent[2]):  # two requests refused, each sent again at once and refused again
+            lim.returned(n)
+            verdicts.append(lim.refused(n, admission=admission))
+            resends.append(await lim.send())
+            lim.returned(resends[-1])
+            verdicts.append(lim.refused(resends[-1], admission=admission))  # the second: it backs off
+        return verdicts, resends, lim
+
+    verdicts, resends, lim = asyncio.run(scenario(admission=True))
+    assert resends == [8, 7]  # 3 refusals at 7 or more against 1 attempt there (sent[6]), no answer yet
+    assert verdicts == [False, False, False, True] and lim.limit == 6
+
+    verdicts, resends, lim = asyncio.run(scenario(admission=False))
+    assert resends == [8, 7] and verdicts == [False] * 4 and lim.limit == 8
+
+    async def refused_on(lim: InFlightLimit) -> list[bool]:
+        verdicts = []
+        for _ in range(4):  # refused on and on at 7: 6 more refusals than answers there
+            resend = await lim.send()
+            lim.returned(resend)
+            verdicts.append(lim.refused(resend, admission=False))
+        return verdicts
+    assert asyncio.run(refused_on(lim)) == [False, False, False, True] and lim.limit == 6
 
 
 def test_admission_503s_lower_the_limit_to_what_the_server_takes_and_answers_raise_it_again():
@@ -158,11 +202,11 @@ def test_admission_503s_lower_the_limit_to_what_the_server_takes_and_answers_rai
         sent = [await lim.send() for _ in range(16)]
         for n in sent[6:]:  # the server takes 6 and refuses the 7th to 16th at once, in that order
             lim.returned(n)
-            lim.refused(n)
+            lim.refused(n, admission=True)
         assert lim.limit == 16  # each refusal alone at its level: no evidence yet
         retry = await lim.send()  # a retry: refused again at 7, with ten refusals at 7 or more
         lim.returned(retry)
-        assert lim.refused(retry) is True  # the server is full at 7: back off
+        assert lim.refused(retry, admission=True) is True  # the server is full at 7: back off
         assert (retry, lim.limit) == (7, 6)
         for _ in range(7):  # answers: about one slot back per limit's worth
             lim.returned(6)
@@ -171,7 +215,7 @@ def test_admission_503s_lower_the_limit_to_what_the_server_takes_and_answers_rai
         assert lim.limit == 7
         probe = await lim.send()
         lim.returned(probe)
-        lim.refused(probe)  # the probe at 7 is refused: back to 6
+        lim.refused(probe, admission=True)  # the probe at 7 is refused: back to 6
         assert (probe, lim.limit) == (7, 6)
     asyncio.run(scenario())
 
@@ -182,7 +226,7 @@ def test_answers_with_the_limit_not_full_do_not_raise_it_past_where_the_server_r
         sent = [await lim.send() for _ in range(16)]
         for n in reversed(sent[4:]):  # the server takes 4 and refuses the rest, the last sent first
             lim.returned(n)
-            lim.refused(n)
+            lim.refused(n, admission=True)
         assert lim.limit == 4
         for _ in range(40):  # a client that keeps only 2 at the server: its answers say nothing of a 5th
             lim.returned(2)

@@ -56,6 +56,7 @@ from vidlabel.serve.confidence import answer_probabilities
 from vidlabel.serve.deadline import Deadlines, Expired
 from vidlabel.serve.endpoints import DOWN, Endpoint, Endpoints, NoLiveEndpoint, describe
 from vidlabel.serve.error_kinds import (
+    admission_refusal,
     classify_error,
     fatal_error,
     response_message,
@@ -260,7 +261,8 @@ class ClassifyClient:
             item = named_item(message, items) if kind in ITEM_KINDS else None
             if kind == "bad_media" and server_cannot_see_media(message):
                 kind, transient, resend, item = await self._media_check(items, item)
-            overload = kind == "server_overloaded" and self.limit.refused(n)
+            overload = kind == "server_overloaded" and self.limit.refused(
+                n, admission=admission_refusal(status, message))
             own = kind == "bad_media" and not transient and status >= 500  # missing here too: the media check
             return _Outcome(kind=kind, transient=transient, http_status=status, message=message, own=own,
                             retry_after=retry_after_s(resp.headers), overload=overload,

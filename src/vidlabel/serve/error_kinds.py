@@ -36,6 +36,9 @@ real server are in docs/serving.md, "What vLLM answers"):
   size M. ..."
 - items per prompt (``multimodal/processing/context.py``): "At most N image(s) may be provided in one
   prompt." (a post with more images or videos than the server's ``--limit-mm-per-prompt``);
+- admission (``--max-num-queued-reqs``, a 503): "The engine is currently busy and cannot accept new
+  requests." (``admission_refusal``: the server's own word that it is full, which the in-flight limit
+  weighs more than an anonymous 503's, ``vidlabel.serve.limit``);
 - decoded media per request (vLLM 0.33, ``multimodal/media/base.py``; 0.26 has no such cap): "Request
   decoded media exceeds VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES=N (M bytes)." (``decode_cap``: a server
   setting, which vidlabel lifts for the servers it starts, ``vidlabel.serve.command.server_environment``).
@@ -78,6 +81,8 @@ class FatalClientError(RuntimeError):
 
 # Paths a message names: quoted, or after "file"/"path"/"open" (vLLM's and Python's wording).
 _NAMED_PATH = re.compile(r"""['"`](/[^'"`]+)['"`]|(?:file|path|open)\s+(/\S+)""", re.IGNORECASE)
+# vLLM's 503 over --max-num-queued-reqs.
+_ADMISSION = re.compile(r"engine is currently busy and cannot accept new requests", re.IGNORECASE)
 # Statuses that mean "not now", whatever the body says.
 _OVERLOADED = frozenset({429, 503})
 _TIMED_OUT = frozenset({408, 504})
@@ -98,6 +103,12 @@ def names_other_file(message: str, media_paths: str | Sequence[str] | None) -> b
         return False
     named = named_paths(message)
     return bool(named) and not any(n == p or n.endswith(p) or p.endswith(n) for n in named for p in paths)
+
+
+def admission_refusal(http_status: int | None, message: str | None) -> bool:
+    """The server refused the request because its queue is full (vLLM's admission 503), not for an
+    unknown reason (a proxy, a fault)."""
+    return http_status == 503 and bool(_ADMISSION.search(message or ""))
 
 
 def too_many_items(message: str | None) -> tuple[str, int] | None:

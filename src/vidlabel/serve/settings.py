@@ -32,25 +32,27 @@ def _thaw(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class ClientSettings:
+    """What the client is run with; every field but the last comes from the config (its schema holds the
+    defaults)."""
     model: str
     questions: tuple[dict[str, Any], ...]
-    concurrency: int = 16
-    in_flight_from_kv_cache: bool = True  # fewer in flight where the KV cache holds fewer (concurrency.fit_in_flight)
-    max_tokens: int = 512
-    temperature: float = 0.0
-    top_logprobs: int = 20
-    request_timeout_s: float = 900.0
-    adaptive_deadline: bool = True
-    deadline_floor_s: float = 60.0
-    max_attempts: int = 6
-    backoff_initial_s: float = 1.0
-    backoff_max_s: float = 60.0
-    health_interval_s: float = 10.0
-    media_root: str | None = None  # the one directory the server may read (planning.allowed_media_path)
-    adaptive: bool = False
-    adaptive_floor: int = 4
-    adaptive_ceiling: int = 64
-    adaptive_interval_s: float = 2.0
+    concurrency: int
+    in_flight_from_kv_cache: bool  # fewer in flight where the KV cache holds fewer (concurrency.fit_in_flight)
+    max_tokens: int
+    temperature: float
+    top_logprobs: int
+    request_timeout_s: float
+    adaptive_deadline: bool
+    deadline_floor_s: float
+    max_attempts: int
+    backoff_initial_s: float
+    backoff_max_s: float
+    health_interval_s: float
+    media_root: str | None  # the one directory the server may read (planning.allowed_media_path)
+    adaptive: bool
+    adaptive_floor: int
+    adaptive_ceiling: int
+    adaptive_interval_s: float = 2.0  # how often adaptive concurrency looks at the servers' load
 
 
 @dataclass(frozen=True)
