@@ -613,8 +613,9 @@ def table(rows: list[dict]) -> str:
         st = r.get("steady") or {}
         if st.get("kv_cache_tokens"):
             lines.append(f"{r['variant']}: KV cache {st['kv_cache_tokens']:,} tokens (vllm:cache_config_info): "
-                         f"{st['kv_cache_requests']:.1f} of the job's mean requests, against "
-                         f"{r.get('concurrency', '?')} in flight and max_num_seqs {st.get('max_num_seqs')}")
+                         f"{st['kv_cache_requests']:.1f} of the job's mean requests, against classify.concurrency "
+                         f"{r.get('concurrency', '?')} (the client kept {fmt(st.get('client_in_flight_median'), 'g')} "
+                         f"in flight, median) and max_num_seqs {st.get('max_num_seqs')}")
         q = st.get("engine_queue")
         if q:
             # Read every second while the servers run: what finished after the last reading is not counted.

@@ -66,6 +66,9 @@ def test_steady_state_benchmark_on_the_standin(tmp_path, capsys):
     # The KV cache the server reports (the stand-in's info gauge: 65,536 blocks of 16), in mean requests.
     assert s["kv_cache_tokens"] == 2 ** 20 and s["kv_cache_requests"] > 1
     assert f"{variant}: KV cache 1,048,576 tokens (vllm:cache_config_info): " in printed
+    # ... set against the setting and what the client kept (the two differ where the fit lowers the count).
+    assert (f"against classify.concurrency 32 (the client kept {s['client_in_flight_median']:g} in flight, "
+            "median)") in printed
     rep = s["replay"]
     # The window's decodes are those of the requests sent in it: the 32 sent at the start were decoded
     # before it, so fewer videos than answers (one video per request here), and each distinct file among
