@@ -33,7 +33,7 @@ instead, to try the script without a GPU). Steps:
 ``run``      per variant, ``vidlabel.serve.classify.run_shard`` with the configured server command, which
              starts, uses and stops its own server (``prepare`` runs first where needed). Variants are
              dash-joined words: ``default``, ``transcoded``, ``apiN`` (API servers), ``concN`` (client
-             concurrency per copy), ``seqsN`` (classify.max_num_seqs: the engine's running cap), ``adapt`` / ``adaptN`` (classify.adaptive_concurrency on, ceiling N),
+             concurrency per copy), ``seqsN`` (classify.max_num_seqs: the engine's running cap), ``adapt`` / ``adaptN`` (classify.adaptive_concurrency on, as by default; ceiling N), ``fixed`` (off: the KV-fitted count alone),
              ``tpN`` / ``dpN`` (tensor or data parallel instead of ``auto``),
              ``dpvllm`` (copies served by vLLM's --data-parallel-size), ``eager`` (--enforce-eager),
              ``kvfp8`` (--kv-cache-dtype fp8: FP8 attention and twice the KV cache),
@@ -628,6 +628,8 @@ def variant_config(args, name: str) -> tuple[str, dict]:
         elif m := re.fullmatch(r"adapt(\d*)", word):
             c["adaptive_concurrency"] = {**c.get("adaptive_concurrency", {}), "enabled": True,
                                          **({"ceiling": int(m.group(1))} if m.group(1) else {})}
+        elif word == "fixed":
+            c["adaptive_concurrency"] = {**c.get("adaptive_concurrency", {}), "enabled": False}
         elif m := re.fullmatch(r"lp(\d+)", word):
             c["top_logprobs"] = int(m.group(1))
         elif m := re.fullmatch(r"mbt(\d+)", word):

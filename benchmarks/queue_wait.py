@@ -1,5 +1,6 @@
 """Queue waits where the KV cache holds few requests (a 72B on one GPU): fixed concurrency against adaptive
-and against the count fitted to the KV cache (classify.in_flight_from_kv_cache, the default).
+and against the count fitted to the KV cache (classify.in_flight_from_kv_cache), alone and moved by adaptive
+concurrency from there (the default).
 
     .venv/bin/python benchmarks/queue_wait.py [--requests 400] [--kv-tokens 8000] [--concurrency 32]
 
@@ -63,7 +64,8 @@ def main() -> None:
     # (name, classify.concurrency, adaptive, fitted to the KV cache as a shard job fits it)
     runs = [(f"fixed, concurrency {c}", c, False, False), (f"adaptive (floor 4, ceiling {c})", c, True, False),
             ("fixed, concurrency 12 (what the KV cache holds, + 2)", 12, False, False),
-            (f"fitted to the KV cache, at most {c} (the default)", c, False, True)]
+            (f"fitted to the KV cache, at most {c}, fixed", c, False, True),
+            (f"fitted, then adaptive (floor 4, ceiling {c}; the default)", c, True, True)]
     with tempfile.TemporaryDirectory() as tmp:
         print(f"queue_wait: {args.requests} requests, KV cache {args.kv_tokens:,} tokens, service 20 ms + prompt / "
               f"{args.prefill:.0f} tok/s; prompt text log-normal (median {sorted(lengths)[len(lengths) // 2]:,} "

@@ -732,6 +732,21 @@ def test_admission_503s_lower_the_limit_to_what_the_server_admits(tmp_path, medi
     assert len(later) <= 80 // 3
 
 
+def test_adaptive_limits_are_per_copy_and_the_ceiling_is_concurrency_by_default(tmp_path, media):
+    """On by default; floor and ceiling per server copy like classify.concurrency, so that a job of four
+    copies may move between 4 x floor and 4 x ceiling (one job-wide ceiling of 64 would hold four 7B copies to
+    a quarter of their 4 x 64)."""
+    client = ServeSettings.from_config(make_config(tmp_path, media, classify={"concurrency": 6})).client
+    assert (client.adaptive, client.adaptive_floor, client.adaptive_ceiling) == (True, 4, 6)
+    four = client.for_copies(4)
+    assert (four.concurrency, four.adaptive_floor, four.adaptive_ceiling) == (24, 16, 24)
+    small = ServeSettings.from_config(make_config(tmp_path, media, classify={"concurrency": 2})).client
+    assert (small.adaptive_floor, small.adaptive_ceiling) == (2, 2)  # the floor at most the ceiling
+    set_ = ServeSettings.from_config(make_config(tmp_path, media, classify={
+        "concurrency": 2, "adaptive_concurrency": {"ceiling": 12}})).client
+    assert (set_.adaptive_floor, set_.adaptive_ceiling) == (4, 12)
+
+
 def test_adaptive_concurrency_grows_to_fill_the_server(tmp_path, media):
     cfg = make_config(tmp_path, media, classify={
         "concurrency": 2, "adaptive_concurrency": {"enabled": True, "floor": 2, "ceiling": 12}})

@@ -16,7 +16,7 @@ def base():
 def test_defaults_filled_recursively():
     cfg = vconfig.validate(base())
     assert cfg["classify"]["concurrency"] == 64
-    assert cfg["classify"]["adaptive_concurrency"]["enabled"] is False
+    assert cfg["classify"]["adaptive_concurrency"] == {"enabled": True, "floor": 4, "ceiling": None}
     assert cfg["planning"]["transcode"]["chunks"] == 4
     assert cfg["stats"]["confidence"] == 0.95
     assert cfg["classify"]["questions"][0]["type"] == "yes/no"
@@ -38,6 +38,8 @@ def test_shipped_config_is_valid():
         ({"classify": {"questions": [{"id": "Bad Id", "text": "x"}]}}, "classify.questions.0.id"),
         ({"stats": {"confidence": 1.5}}, "stats.confidence"),
         ({"typo_top": 1}, "typo_top"),
+        ({"classify": {"adaptive_concurrency": {"floor": 8, "ceiling": 4}}}, "classify.adaptive_concurrency.floor"),
+        ({"classify": {"adaptive_concurrency": {"ceiling": 0}}}, "classify.adaptive_concurrency.ceiling"),
     ],
 )
 def test_bad_key_is_named(patch, key):

@@ -38,8 +38,9 @@ def test_steady_state_benchmark_on_the_standin(tmp_path, capsys):
     # go at once, one more per answer after them).
     slow = ["--standin-args", "--slots 2 --latency 0.5"]
     # deccpu: OpenCV whatever `auto` stands for (the stand-in cannot import a GPU decoder); conc32: 32 in flight
-    # whatever the default (at 64 all 60 would go at the start, none in the window).
-    variant = "deccpu-conc32"
+    # whatever the default (at 64 all 60 would go at the start, none in the window); fixed: no adaptive
+    # concurrency, which would lower the 32 toward its floor behind the 2 slots' queue.
+    variant = "deccpu-conc32-fixed"
     assert gpu_steady.main([*common, *slow, "--variants", variant, "--min-requests", "20"]) == 0
     printed = capsys.readouterr().out
     row = next(r for r in json.loads((work / "gpu_classify.json").read_text()) if r["variant"] == variant)
@@ -245,7 +246,9 @@ def test_variant_words_reach_the_job_s_settings(tmp_path):
     assert (client.adaptive, client.adaptive_ceiling, client.concurrency) == (True, 48, 16)
     client = ServeSettings.from_config(gpu_classify.variant_config(args, "adapt")[1]).client
     assert client.adaptive and client.adaptive_ceiling == 64 and client.adaptive_floor == 4  # the schema's
-    assert not ServeSettings.from_config(gpu_classify.variant_config(args, "default")[1]).client.adaptive
+    assert ServeSettings.from_config(gpu_classify.variant_config(args, "default")[1]).client.adaptive
+    fixed = ServeSettings.from_config(gpu_classify.variant_config(args, "fixed-conc16-@f")[1]).client
+    assert (fixed.adaptive, fixed.concurrency) == (False, 16)
     more = ServeSettings.from_config(gpu_classify.variant_config(args, "conc64-seqs64-@more")[1])
     assert (more.client.concurrency, more.server.max_num_seqs) == (64, 64)
     fewer = ServeSettings.from_config(gpu_classify.variant_config(args, "conc32-seqs32-@fewer")[1])

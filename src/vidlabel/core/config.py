@@ -129,8 +129,8 @@ def validate(config: dict[str, Any], schema_path: str | Path | None = None) -> d
     if errors:
         lines = [f"config key '{_key_path(e)}': {e.message}" for e in errors]
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines))
-    ceiling = config["classify"]["adaptive_concurrency"]
-    if ceiling["floor"] > ceiling["ceiling"]:
+    adaptive = config["classify"]["adaptive_concurrency"]
+    if adaptive["ceiling"] is not None and adaptive["floor"] > adaptive["ceiling"]:
         raise ConfigError("config key 'classify.adaptive_concurrency.floor': must not exceed ceiling")
     qids = [q["id"] for q in config["classify"]["questions"]]
     if len(set(qids)) != len(qids):

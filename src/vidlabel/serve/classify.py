@@ -246,15 +246,14 @@ async def _classify(settings: ServeSettings, provenance: Provenance, rows: list[
         if settings.endpoints:
             endpoints, down = await external_endpoints(settings)
             # classify.concurrency is per server: each endpoint is one, as each copy is below.
-            client_settings = replace(client_settings,
-                                      concurrency=client_settings.concurrency * len(settings.endpoints))
+            client_settings = client_settings.for_copies(len(settings.endpoints))
         else:
             largest = max(int(r["est_prompt_tokens"] or 0) for r in pending) + client_settings.max_tokens
             layout = choose_layout(settings, largest)
             log.info("shard %d: parallelism %s", shard, layout.reason)
             provenance = replace(provenance, gpus=layout.held or None)
             # Requests in flight scale with the copies: classify.concurrency is per copy.
-            client_settings = replace(client_settings, concurrency=client_settings.concurrency * layout.data)
+            client_settings = client_settings.for_copies(layout.data)
             server = ServerGroup(settings, server_copies(settings, layout, server_log_path)).start()
             ready = asyncio.create_task(server.wait_ready())
             stopper = asyncio.create_task(stop.no_new.wait())

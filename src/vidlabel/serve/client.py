@@ -129,7 +129,8 @@ class ClassifyClient:
         self.stop_event = stop_event or asyncio.Event()
         self.on_failure = on_failure
         self.failure: NoLiveEndpoint | None = None
-        # Adaptive concurrency starts from classify.concurrency and moves between floor and ceiling.
+        # Adaptive concurrency starts from classify.concurrency (a shard job then fits it to the KV caches) and
+        # moves between floor and ceiling.
         start = max(s.adaptive_floor, min(s.concurrency, s.adaptive_ceiling)) if s.adaptive else s.concurrency
         self.limit = InFlightLimit(start)
         self.deadlines = Deadlines(s.request_timeout_s, s.deadline_floor_s, s.adaptive_deadline)

@@ -54,6 +54,12 @@ class ClientSettings:
     adaptive_ceiling: int
     adaptive_interval_s: float = 2.0  # how often adaptive concurrency looks at the servers' load
 
+    def for_copies(self, copies: int) -> "ClientSettings":
+        """These settings for ``copies`` servers: classify.concurrency and the adaptive floor and ceiling are
+        per server copy (or endpoint), the client's limits are the job's."""
+        return replace(self, concurrency=self.concurrency * copies, adaptive_floor=self.adaptive_floor * copies,
+                       adaptive_ceiling=self.adaptive_ceiling * copies)
+
 
 @dataclass(frozen=True)
 class ServerSettings:
@@ -147,6 +153,7 @@ class ServeSettings:
         parallelism = c["parallelism"]
         allowed = planning.allowed_media_path(config)
         ad = c["adaptive_concurrency"]
+        ceiling = c["concurrency"] if ad["ceiling"] is None else ad["ceiling"]
         questions = tuple(_thaw(q) for q in c["questions"])
         client = ClientSettings(
             model=c["model"], questions=questions, concurrency=c["concurrency"],
@@ -155,7 +162,7 @@ class ServeSettings:
             adaptive_deadline=c["adaptive_deadline"], deadline_floor_s=c["deadline_floor_s"],
             max_attempts=c["max_attempts"], backoff_initial_s=c["backoff_initial_s"],
             backoff_max_s=c["backoff_max_s"], health_interval_s=c["health_interval_s"], media_root=allowed,
-            adaptive=ad["enabled"], adaptive_floor=ad["floor"], adaptive_ceiling=ad["ceiling"])
+            adaptive=ad["enabled"], adaptive_floor=min(ad["floor"], ceiling), adaptive_ceiling=ceiling)
         family, sampling, images = families.of_config(config), planning.sampling(config), planning.image_bounds(config)
         server = ServerSettings(
             model=c["model"], command=c["server_command"], args=c["server_args"],
