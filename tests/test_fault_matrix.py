@@ -207,7 +207,9 @@ def test_progress_line_says_stalled_rather_than_an_eta_while_nothing_finishes():
     progress.finished({"status": "ok", "prompt_tokens": 500, "completion_tokens": 9})
     assert progress.line().endswith("ETA ?")  # one answer: no rate yet
     progress.finished({"status": "ok", "prompt_tokens": 500, "completion_tokens": 9})
-    assert re.search(r"4/10 done .* ETA [\d.]+ min$", progress.line())
+    assert re.search(r"4/10 done .*, 4 in flight, ETA [\d.]+ min$", progress.line())
+    progress.in_flight_limit = lambda: 9  # the client's limit, fitted or adaptive: said beside the count
+    assert re.search(r", 4 in flight \(limit 9\), ETA [\d.]+ min$", progress.line())
     progress.last_finish -= 30
     assert progress.line().endswith("stalled for 30 s (4 in flight, none finished)")
     progress.in_flight = lambda: 0  # nothing in flight: waiting for nothing is not a stall

@@ -50,6 +50,9 @@ class Progress:
         self.clock = clock
         self.t0 = self.last_finish = clock()
         self.in_flight: Callable[[], int] = lambda: 0
+        # The client's in-flight limit (classify.concurrency, fitted to the KV caches, moved by
+        # adaptive concurrency): the line says it, as throughput follows it.
+        self.in_flight_limit: Callable[[], int | None] = lambda: None
         self.counts_tokens = bool(work)
         self.work_left = float(work) if work else float(total - already)
         self.first_finish: float | None = None
@@ -101,6 +104,9 @@ class Progress:
         else:
             left = self.eta_s()
             eta = "ETA " + (f"{left / 60:.1f} min" if left is not None else "?")
+            if in_flight := self.in_flight():
+                limit = self.in_flight_limit()
+                eta = f"{in_flight} in flight" + (f" (limit {limit})" if limit else "") + f", {eta}"
         return (f"shard {self.shard}: {done}/{self.total} done ({s.ok} ok, {s.error} error this run), "
                 f"{rate:.2f} req/s, {s.prompt_tokens / elapsed:.0f} input tok/s, "
                 f"{s.completion_tokens / elapsed:.1f} output tok/s, {eta}")
