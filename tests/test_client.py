@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+from format_zoo import BENCHMARKS
 from standin import is_probe, max_in_flight, read_request_log, standin_command
 from standin.shards import (
     QUESTIONS,
@@ -41,6 +42,9 @@ from vidlabel.serve.error_kinds import (
 from vidlabel.serve.limit import InFlightLimit, backoff_s
 from vidlabel.serve.server import VLLMServer
 from vidlabel.serve.settings import ServeSettings
+
+sys.path.insert(0, str(BENCHMARKS))
+import adaptive_transit  # noqa: E402
 
 # ---- error kinds -----------------------------------------------------------------------------------
 
@@ -288,6 +292,28 @@ def test_adaptive_rule_keeps_a_short_queue():
     assert rule(16, 2, preempted=True) < 16  # preemption: shrink
     assert rule(4, 50, preempted=True) == 4  # floor
     assert rule(64, 0) == 64  # ceiling
+    # An earlier cut still draining (more in flight than the ceiling): the deep queue is its cause, not a new one.
+    assert rule(16, 30, in_flight=24) == 16
+    assert rule(16, 2, preempted=True, in_flight=24) == 16
+    # Until the last change has reached the engine (settled), neither a raise nor a cut.
+    unsettled = {"vllm:num_requests_waiting": 0}
+    assert next_ceiling(16, 16, unsettled, False, 4, 64, settled=False) == 16
+    assert next_ceiling(16, 16, {"vllm:num_requests_waiting": 30}, False, 4, 64, settled=False) == 16
+
+
+@pytest.mark.parametrize("transit_s", [0.0, 3.0, 10.0])
+def test_adaptive_concurrency_covers_the_api_servers_without_swinging(transit_s):
+    # Qwen3-Omni on the GPU (heard video, ~10 s in the API servers): the ceiling went 9 -> 39 -> 4 in 40 s,
+    # each raise read before the last one had reached the engine. Here the same shape of server: the engine
+    # runs 4 at a time, so it needs 4 + (its answer rate x the transit) in flight, a little more to keep a queue.
+    # benchmarks/adaptive_transit.py's model: the engine runs 4 at a time for 3 s each, so it needs
+    # 4 + (its answer rate x the transit) in flight, a little more to keep a queue.
+    s = adaptive_transit.summary(adaptive_transit.simulate(transit_s, slots=4, service_s=3.0, start=9), slots=4)
+    needed = 4 + (4 / 3.0) * transit_s
+    assert s["ceiling_min"] >= needed - 1  # never starves the engine by cutting below what covers the transit
+    assert s["ceiling_max"] <= 1.5 * needed + 3  # nor climbs far past it
+    assert s["busy"] >= 0.95  # the engine kept busy
+    assert s["longest_queue"] <= 12  # and its queue short
 
 
 def test_parse_metrics_sums_label_sets_and_maps_old_names():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 
 import aiohttp
 
@@ -69,24 +70,86 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 
 def next_ceiling(ceiling: int, in_flight: int, metrics: dict[str, float], preempted: bool,
-                 floor: int, top: int) -> int:
+                 floor: int, top: int, settled: bool = True) -> int:
     """Keep a short queue in front of the server: enough that no slot idles, no more.
 
     Waiting requests hold no KV cache but they count against time-outs and are lost work on a
     kill; preemptions mean the server is over-committed. KV-cache usage is not a signal on its
     own: a full cache with an empty queue is a busy server, not an overloaded one.
+
+    The engine sees a change of the ceiling only once the requests it lets through (or holds back)
+    have passed the API servers' decoding and processing, seconds later on raw video. Reading the
+    queue again before then acts twice on one cause: a raise is followed by more raises until the
+    first arrives as a burst, and that burst by cuts down to the floor (Qwen3-Omni on the GPU went
+    9 -> 39 -> 4 in 40 s). So a cut waits until the client is back within the ceiling (an earlier cut
+    has drained), and any change until ``settled``: the requests the last change let through should
+    have reached the engine (``AdaptiveCeiling``). A preemption is cut at once: the server said so.
     """
     waiting = metrics.get("vllm:num_requests_waiting", 0.0)
     target_queue = max(2, ceiling // 8)
-    if preempted:
+    if in_flight > ceiling and (preempted or waiting > 2 * target_queue):
+        new = ceiling  # an earlier cut is still draining: the queue shows its cause, not a new one
+    elif preempted:
         new = int(ceiling * 0.8)
-    elif waiting > 2 * target_queue:
+    elif waiting > 2 * target_queue and settled:
         new = ceiling - max(1, int(waiting - 2 * target_queue) // 2)
-    elif waiting < target_queue and in_flight >= ceiling - 1:
-        new = ceiling + max(1, ceiling // 8)
+    elif waiting < target_queue and in_flight >= ceiling - 1 and settled:
+        new = ceiling + max(1, ceiling // RAISE_FRACTION)
     else:
         new = ceiling
     return max(floor, min(top, new))
+
+
+# A raise adds a quarter: it waits for its requests to reach the engine (``AdaptiveCeiling``), so the
+# climb is one raise per transit of the API servers (~10 s on heard video) rather than per reading.
+RAISE_FRACTION = 4
+# Readings of the answer count the rate is measured over (at the default 2 s: the last ~10 s).
+RATE_READINGS = 6
+
+
+class AdaptiveCeiling:
+    """The ceiling's next value at each reading of the servers' metrics, and what it remembers between
+    readings: when it last changed it, and the client's recent answer rate.
+
+    A request the client sent and the engines do not hold yet (``at_server`` minus the engines' running
+    and waiting) is in the API servers' decoding and processing; by Little's law those take
+    ``in transit / answer rate`` seconds to reach the engine, so a change waits that long after the
+    last one (``next_ceiling``). Before the first answers the rate is unknown: with requests in transit,
+    no change yet (the fitted count, or classify.concurrency, stands).
+    """
+
+    def __init__(self, floor: int, top: int):
+        self.floor, self.top = floor, top
+        self.last_change_s = float("-inf")
+        self.readings: deque[tuple[float, int]] = deque(maxlen=RATE_READINGS)  # (time, answers so far)
+        self.last_preemptions: float | None = None
+
+    def answer_rate(self) -> float:
+        if len(self.readings) < 2:
+            return 0.0
+        (t0, a0), (t1, a1) = self.readings[0], self.readings[-1]
+        return (a1 - a0) / (t1 - t0) if t1 > t0 else 0.0
+
+    def transit_s(self, at_server: int, metrics: dict[str, float]) -> float:
+        """How long the requests now between the client and the engines take to reach them."""
+        in_engines = metrics.get("vllm:num_requests_running", 0.0) + metrics.get("vllm:num_requests_waiting", 0.0)
+        in_transit = max(0.0, at_server - in_engines)
+        if in_transit < 1:
+            return 0.0
+        rate = self.answer_rate()
+        return in_transit / rate if rate > 0 else float("inf")
+
+    def step(self, now: float, limit: InFlightLimit, metrics: dict[str, float]) -> int:
+        """The ceiling after this reading of the metrics."""
+        self.readings.append((now, limit.answers))
+        pre = metrics.get("vllm:num_preemptions_total", 0.0)
+        preempted = self.last_preemptions is not None and pre > self.last_preemptions
+        self.last_preemptions = pre
+        settled = now - self.last_change_s >= self.transit_s(limit.at_server, metrics)
+        new = next_ceiling(limit.ceiling, limit.in_flight, metrics, preempted, self.floor, self.top, settled)
+        if new != limit.ceiling:
+            self.last_change_s = now
+        return new
 
 
 async def read_metrics(http: aiohttp.ClientSession, endpoints: list[Endpoint]) -> dict[str, float] | None:
@@ -107,18 +170,16 @@ async def read_metrics(http: aiohttp.ClientSession, endpoints: list[Endpoint]) -
 async def adapt(limit: InFlightLimit, endpoints: list[Endpoint], floor: int, top: int, interval_s: float,
                 history: list[tuple[float, int]]) -> None:
     """Move ``limit``'s ceiling between ``floor`` and ``top`` until cancelled; append each value to ``history``."""
-    last_preemptions = None
+    controller = AdaptiveCeiling(floor, top)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5.0)) as http:
         while True:
             await asyncio.sleep(interval_s)
             metrics = await read_metrics(http, endpoints)
             if metrics is None:
                 continue
-            pre = metrics.get("vllm:num_preemptions_total", 0.0)
-            preempted = last_preemptions is not None and pre > last_preemptions
-            last_preemptions = pre
-            new = next_ceiling(limit.ceiling, limit.in_flight, metrics, preempted, floor, top)
+            now = time.monotonic()
+            new = controller.step(now, limit, metrics)
             if new != limit.ceiling:
                 log.debug("adaptive concurrency %d -> %d (metrics %s)", limit.ceiling, new, metrics)
                 limit.set_ceiling(new)
-            history.append((time.monotonic(), new))
+            history.append((now, new))

@@ -1,0 +1,88 @@
+"""Adaptive concurrency where requests spend seconds in the API servers before the engine sees them.
+
+    .venv/bin/python benchmarks/adaptive_transit.py [--seconds 400]
+
+On the GPU (Qwen3-Omni hearing raw video, one H100, 2026-12-07) requests spent ~10 s in vLLM's API
+servers (decoding, the audio and image processors) before the engine queued them, and the ceiling went
+9 -> 39 -> 4 in 40 s: each raise was read against an engine queue that did not show the last one yet,
+then the burst that arrived was cut against, down to the floor. This script runs the controller
+(``vidlabel.serve.concurrency.AdaptiveCeiling``) against a model of such a server: a client that keeps
+the ceiling in flight, API servers that hand a request to the engine ``transit`` seconds after it was
+sent, and an engine that runs ``slots`` requests at a time for ``service`` seconds each, first come
+first served. It needs ``slots + transit x slots / service`` in flight to stay busy. Per case, after a
+60 s start: the ceiling's range, the share of steps with every slot running, the engine's longest
+queue, and the busy share of the first 120 s (how fast it climbs from the count it started at).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import deque
+
+from vidlabel.serve.concurrency import AdaptiveCeiling
+from vidlabel.serve.limit import InFlightLimit
+
+FLOOR, TOP = 4, 64
+# (transit s, slots, service s, the ceiling it starts at): no front end, a short and a long one (the
+# Omni's), a long one starting at classify.concurrency, and a 7B-like engine of many slots.
+CASES = [(0, 4, 3.0, 9), (3, 4, 3.0, 9), (10, 4, 3.0, 9), (20, 4, 3.0, 9), (10, 4, 3.0, 64), (2, 40, 8.0, 64)]
+
+
+def simulate(transit_s: float, slots: int = 4, service_s: float = 3.0, start: int = 9, seconds: float = 400.0,
+             interval_s: float = 2.0, step_s: float = 0.25) -> list[tuple[float, int, int, int]]:
+    """Each step's (time, ceiling, engine running, engine waiting); the controller reads every ``interval_s``."""
+    limit = InFlightLimit(start)
+    controller = AdaptiveCeiling(FLOOR, TOP)
+    in_transit, waiting, running = deque(), deque(), []
+    trace, t, next_reading = [], 0.0, interval_s
+    while t < seconds:
+        while limit.in_flight < limit.ceiling:
+            limit.in_flight += 1
+            limit.at_server += 1
+            in_transit.append(t + transit_s)
+        while in_transit and in_transit[0] <= t:
+            waiting.append(in_transit.popleft())
+        finished = [f for f in running if f <= t]
+        running = [f for f in running if f > t]
+        for _ in finished:
+            limit.in_flight -= 1
+            limit.at_server -= 1
+            limit.answers += 1
+        while waiting and len(running) < slots:
+            waiting.popleft()
+            running.append(t + service_s)
+        if t >= next_reading:
+            metrics = {"vllm:num_requests_running": float(len(running)),
+                       "vllm:num_requests_waiting": float(len(waiting))}
+            limit.set_ceiling(controller.step(t, limit, metrics))
+            next_reading += interval_s
+        trace.append((t, limit.ceiling, len(running), len(waiting)))
+        t += step_s
+    return trace
+
+
+def summary(trace: list[tuple[float, int, int, int]], slots: int) -> dict:
+    steady = [row for row in trace if row[0] >= 60]
+    start = [row for row in trace if row[0] < 120]
+    return {"ceiling_min": min(r[1] for r in steady), "ceiling_max": max(r[1] for r in steady),
+            "busy": sum(r[2] == slots for r in steady) / len(steady),
+            "longest_queue": max(r[3] for r in steady),
+            "busy_first_120s": sum(r[2] == slots for r in start) / len(start)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=400.0)
+    args = ap.parse_args()
+    print("| transit s | slots x service s | start | needed | ceiling after 60 s | every slot busy | longest engine queue "
+          "| busy, first 120 s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for transit, slots, service, start in CASES:
+        s = summary(simulate(transit, slots, service, start, args.seconds), slots)
+        needed = slots + transit * slots / service
+        print(f"| {transit} | {slots} x {service:g} | {start} | {needed:.0f} | {s['ceiling_min']}..{s['ceiling_max']} "
+              f"| {s['busy']:.0%} | {s['longest_queue']} | {s['busy_first_120s']:.0%} |")
+
+
+if __name__ == "__main__":
+    main()
