@@ -296,18 +296,16 @@ def test_adaptive_rule_keeps_a_short_queue():
     assert rule(16, 30, in_flight=24) == 16
     assert rule(16, 2, preempted=True, in_flight=24) == 16
     # Until the last change has reached the engine (settled), neither a raise nor a cut.
-    unsettled = {"vllm:num_requests_waiting": 0}
-    assert next_ceiling(16, 16, unsettled, False, 4, 64, settled=False) == 16
+    assert next_ceiling(16, 16, {"vllm:num_requests_waiting": 0}, False, 4, 64, settled=False) == 16
     assert next_ceiling(16, 16, {"vllm:num_requests_waiting": 30}, False, 4, 64, settled=False) == 16
 
 
 @pytest.mark.parametrize("transit_s", [0.0, 3.0, 10.0])
 def test_adaptive_concurrency_covers_the_api_servers_without_swinging(transit_s):
     # Qwen3-Omni on the GPU (heard video, ~10 s in the API servers): the ceiling went 9 -> 39 -> 4 in 40 s,
-    # each raise read before the last one had reached the engine. Here the same shape of server: the engine
-    # runs 4 at a time, so it needs 4 + (its answer rate x the transit) in flight, a little more to keep a queue.
-    # benchmarks/adaptive_transit.py's model: the engine runs 4 at a time for 3 s each, so it needs
-    # 4 + (its answer rate x the transit) in flight, a little more to keep a queue.
+    # each raise read before the last one had reached the engine. benchmarks/adaptive_transit.py's model of
+    # such a server: the engine runs 4 at a time for 3 s each, so it needs 4 + (its answer rate x the
+    # transit) in flight, a little more to keep a queue.
     s = adaptive_transit.summary(adaptive_transit.simulate(transit_s, slots=4, service_s=3.0, start=9), slots=4)
     needed = 4 + (4 / 3.0) * transit_s
     assert s["ceiling_min"] >= needed - 1  # never starves the engine by cutting below what covers the transit
