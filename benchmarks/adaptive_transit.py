@@ -20,6 +20,7 @@ import argparse
 from collections import deque
 
 from vidlabel.serve.concurrency import AdaptiveCeiling
+from vidlabel.serve.deadline import Deadlines
 from vidlabel.serve.limit import InFlightLimit
 
 FLOOR, TOP = 4, 64
@@ -33,9 +34,12 @@ def simulate(transit_s: float, slots: int = 4, service_s: float = 3.0, start: in
     """Each step's (time, ceiling, engine running, engine waiting); the controller reads every ``interval_s``."""
     limit = InFlightLimit(start)
     controller = AdaptiveCeiling(FLOOR, TOP)
+    clock = [0.0]  # the model's time, which the client's answer rate (Deadlines) is measured on
+    deadlines = Deadlines(ceiling_s=900, floor_s=1, adaptive=True, clock=lambda: clock[0])
     in_transit, waiting, running = deque(), deque(), []
     trace, t, next_reading = [], 0.0, interval_s
     while t < seconds:
+        clock[0] = t
         while limit.in_flight < limit.ceiling:
             limit.in_flight += 1
             limit.at_server += 1
@@ -47,14 +51,14 @@ def simulate(transit_s: float, slots: int = 4, service_s: float = 3.0, start: in
         for _ in finished:
             limit.in_flight -= 1
             limit.at_server -= 1
-            limit.answers += 1
+            deadlines.answered(service_s, 1000)
         while waiting and len(running) < slots:
             waiting.popleft()
             running.append(t + service_s)
         if t >= next_reading:
             metrics = {"vllm:num_requests_running": float(len(running)),
                        "vllm:num_requests_waiting": float(len(waiting))}
-            limit.set_ceiling(controller.step(t, limit, metrics))
+            limit.set_ceiling(controller.step(t, limit, metrics, deadlines.answer_rate()))
             next_reading += interval_s
         trace.append((t, limit.ceiling, len(running), len(waiting)))
         t += step_s

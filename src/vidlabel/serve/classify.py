@@ -290,7 +290,7 @@ async def _classify(settings: ServeSettings, provenance: Provenance, rows: list[
                     watchdog = asyncio.create_task(server.watchdog(
                         lambda index, message: client.endpoints.mark_down(index, message, final=True)))
                 progress.in_flight = lambda: client.deadlines.in_flight
-                progress.in_flight_limit = lambda: client.limit.ceiling
+                progress.in_flight_limit = lambda: client.limit.limit
                 await _stream(client, pending, journal, prior, client_settings, provenance, progress, stop,
                               grace_s, breaker, controls(rows, reused, pending))
         except CalibrationMediaError as exc:

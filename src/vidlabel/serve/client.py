@@ -155,7 +155,7 @@ class ClassifyClient:
         if s.adaptive:
             self._tasks.append(asyncio.create_task(adapt(self.limit, self.endpoints.all, s.adaptive_floor,
                                                          s.adaptive_ceiling, s.adaptive_interval_s,
-                                                         self.limit_history)))
+                                                         self.limit_history, self.deadlines.answer_rate)))
         return self
 
     def fit_in_flight(self, request_tokens: float) -> str | None:

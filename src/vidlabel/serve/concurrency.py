@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
+from typing import Callable
 
 import aiohttp
 
@@ -83,7 +83,8 @@ def next_ceiling(ceiling: int, in_flight: int, metrics: dict[str, float], preemp
     first arrives as a burst, and that burst by cuts down to the floor (Qwen3-Omni on the GPU went
     9 -> 39 -> 4 in 40 s). So a cut waits until the client is back within the ceiling (an earlier cut
     has drained), and any change until ``settled``: the requests the last change let through should
-    have reached the engine (``AdaptiveCeiling``). A preemption is cut at once: the server said so.
+    have reached the engine (``AdaptiveCeiling``). A preemption is cut without waiting for that (the
+    server said so), unless an earlier cut is still draining.
     """
     waiting = metrics.get("vllm:num_requests_waiting", 0.0)
     target_queue = max(2, ceiling // 8)
@@ -103,49 +104,40 @@ def next_ceiling(ceiling: int, in_flight: int, metrics: dict[str, float], preemp
 # A raise adds a quarter: it waits for its requests to reach the engine (``AdaptiveCeiling``), so the
 # climb is one raise per transit of the API servers (~10 s on heard video) rather than per reading.
 RAISE_FRACTION = 4
-# Readings of the answer count the rate is measured over (at the default 2 s: the last ~10 s).
-RATE_READINGS = 6
 
 
 class AdaptiveCeiling:
     """The ceiling's next value at each reading of the servers' metrics, and what it remembers between
-    readings: when it last changed it, and the client's recent answer rate.
+    readings: when it last changed it.
 
     A request the client sent and the engines do not hold yet (``at_server`` minus the engines' running
     and waiting) is in the API servers' decoding and processing; by Little's law those take
-    ``in transit / answer rate`` seconds to reach the engine, so a change waits that long after the
-    last one (``next_ceiling``). Before the first answers the rate is unknown: with requests in transit,
-    no change yet (the fitted count, or classify.concurrency, stands).
+    ``in transit / answer rate`` seconds to reach the engine (the client's answer rate,
+    ``Deadlines.answer_rate``), so a change waits that long after the last one (``next_ceiling``). Before
+    the first answers the rate is unknown: with requests in transit, no change yet (the fitted count, or
+    classify.concurrency, stands).
     """
 
     def __init__(self, floor: int, top: int):
         self.floor, self.top = floor, top
         self.last_change_s = float("-inf")
-        self.readings: deque[tuple[float, int]] = deque(maxlen=RATE_READINGS)  # (time, answers so far)
         self.last_preemptions: float | None = None
 
-    def answer_rate(self) -> float:
-        if len(self.readings) < 2:
-            return 0.0
-        (t0, a0), (t1, a1) = self.readings[0], self.readings[-1]
-        return (a1 - a0) / (t1 - t0) if t1 > t0 else 0.0
-
-    def transit_s(self, at_server: int, metrics: dict[str, float]) -> float:
+    @staticmethod
+    def transit_s(at_server: int, metrics: dict[str, float], answer_rate: float | None) -> float:
         """How long the requests now between the client and the engines take to reach them."""
         in_engines = metrics.get("vllm:num_requests_running", 0.0) + metrics.get("vllm:num_requests_waiting", 0.0)
         in_transit = max(0.0, at_server - in_engines)
         if in_transit < 1:
             return 0.0
-        rate = self.answer_rate()
-        return in_transit / rate if rate > 0 else float("inf")
+        return in_transit / answer_rate if answer_rate else float("inf")
 
-    def step(self, now: float, limit: InFlightLimit, metrics: dict[str, float]) -> int:
-        """The ceiling after this reading of the metrics."""
-        self.readings.append((now, limit.answers))
+    def step(self, now: float, limit: InFlightLimit, metrics: dict[str, float], answer_rate: float | None) -> int:
+        """The ceiling after this reading of the metrics, at the client's ``answer_rate`` (None: unknown yet)."""
         pre = metrics.get("vllm:num_preemptions_total", 0.0)
         preempted = self.last_preemptions is not None and pre > self.last_preemptions
         self.last_preemptions = pre
-        settled = now - self.last_change_s >= self.transit_s(limit.at_server, metrics)
+        settled = now - self.last_change_s >= self.transit_s(limit.at_server, metrics, answer_rate)
         new = next_ceiling(limit.ceiling, limit.in_flight, metrics, preempted, self.floor, self.top, settled)
         if new != limit.ceiling:
             self.last_change_s = now
@@ -168,8 +160,9 @@ async def read_metrics(http: aiohttp.ClientSession, endpoints: list[Endpoint]) -
 
 
 async def adapt(limit: InFlightLimit, endpoints: list[Endpoint], floor: int, top: int, interval_s: float,
-                history: list[tuple[float, int]]) -> None:
-    """Move ``limit``'s ceiling between ``floor`` and ``top`` until cancelled; append each value to ``history``."""
+                history: list[tuple[float, int]], answer_rate: Callable[[], float | None]) -> None:
+    """Move ``limit``'s ceiling between ``floor`` and ``top`` until cancelled; append each value to ``history``.
+    ``answer_rate``: the client's answers per second (``Deadlines.answer_rate``)."""
     controller = AdaptiveCeiling(floor, top)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5.0)) as http:
         while True:
@@ -178,7 +171,7 @@ async def adapt(limit: InFlightLimit, endpoints: list[Endpoint], floor: int, top
             if metrics is None:
                 continue
             now = time.monotonic()
-            new = controller.step(now, limit, metrics)
+            new = controller.step(now, limit, metrics, answer_rate())
             if new != limit.ceiling:
                 log.debug("adaptive concurrency %d -> %d (metrics %s)", limit.ceiling, new, metrics)
                 limit.set_ceiling(new)

@@ -110,12 +110,13 @@ class Deadlines:
     """The attempts in flight and their deadlines; ``watch()`` applies the adaptive rule and the stall
     detector. Endpoints passed to ``attempt`` need a boolean ``healthy``."""
 
-    def __init__(self, ceiling_s: float, floor_s: float, adaptive: bool):
+    def __init__(self, ceiling_s: float, floor_s: float, adaptive: bool, clock=time.monotonic):
+        self.clock = clock  # when answers came: the answer rate (a model of a server runs its own clock)
         self.ceiling_s = ceiling_s
         self.floor_s = min(floor_s, ceiling_s)
         self.adaptive = adaptive
         self.service = ServiceTime()
-        self.last_answer = time.monotonic()
+        self.last_answer = clock()
         self._answer_times: deque[float] = deque(maxlen=WINDOW)
         self._running: set[_Attempt] = set()
 
@@ -129,7 +130,7 @@ class Deadlines:
 
     def answered(self, seconds: float, tokens: int) -> None:
         self.service.observe(seconds, tokens)
-        self.last_answer = time.monotonic()
+        self.last_answer = self.clock()
         self._answer_times.append(self.last_answer)
 
     def answer_rate(self) -> float | None:

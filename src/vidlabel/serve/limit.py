@@ -73,7 +73,6 @@ class InFlightLimit:
         self._window = float(self.ceiling)
         self.in_flight = 0  # slot holders, back-off waits included
         self.at_server = 0  # attempts sent and not yet returned
-        self.answers = 0  # answers so far: adaptive concurrency's answer rate
         self._levels: Counter[int] = Counter()  # the n of each attempt at the server
         self._outcomes: deque[tuple[int, bool]] = deque(maxlen=OUTCOMES_PER_SLOT * self.ceiling)  # (n, refused)
         self._waiters: deque[asyncio.Future] = deque()  # for a slot
@@ -143,7 +142,6 @@ class InFlightLimit:
         self._wake()
 
     def answered(self, n: int) -> None:
-        self.answers += 1
         self._outcomes.append((n, False))
         if self._window < self.ceiling and n >= self.limit:
             self._window = min(float(self.ceiling), self._window + 1 / self._window)
