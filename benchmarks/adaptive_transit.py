@@ -12,6 +12,13 @@ sent, and an engine that runs ``slots`` requests at a time for ``service`` secon
 first served. It needs ``slots + transit x slots / service`` in flight to stay busy. Per case, after a
 60 s start: the ceiling's range, the share of steps with every slot running, the engine's longest
 queue, and the busy share of the first 120 s (how fast it climbs from the count it started at).
+
+The cases with ``workers`` model API servers that are themselves the bottleneck (the Omni on raw video,
+3.9 CPU-s per answer in them): they process ``workers`` requests at a time, ``transit`` seconds each,
+so they pass fewer requests per second than the engine serves and more in flight only queue in them;
+between 150 and 200 s their requests take a third of that (a run of lighter posts), which empties
+their backlog into the engine. On the GPU (the same Omni with this rule, 2026-12-07 night) the ceiling
+went 7 -> 33 -> 4 as here.
 """
 
 from __future__ import annotations
@@ -24,28 +31,38 @@ from vidlabel.serve.deadline import Deadlines
 from vidlabel.serve.limit import InFlightLimit
 
 FLOOR, TOP = 4, 64
-# (transit s, slots, service s, the ceiling it starts at): no front end, a short and a long one (the
-# Omni's), a long one starting at classify.concurrency, and a 7B-like engine of many slots.
-CASES = [(0, 4, 3.0, 9), (3, 4, 3.0, 9), (10, 4, 3.0, 9), (20, 4, 3.0, 9), (10, 4, 3.0, 64), (2, 40, 8.0, 64)]
+# (transit s, slots, service s, the ceiling it starts at, API server workers: None for as many as
+# needed): no front end, a short and a long one (the Omni's), a long one starting at
+# classify.concurrency, a 7B-like engine of many slots, and API servers slower than the engine.
+CASES = [(0, 4, 3.0, 9, None), (3, 4, 3.0, 9, None), (10, 4, 3.0, 9, None), (20, 4, 3.0, 9, None),
+         (10, 4, 3.0, 64, None), (2, 40, 8.0, 64, None), (10, 4, 3.0, 9, 12), (10, 4, 3.0, 9, 8)]
+# Where the API servers are the bottleneck: the window in which their requests take a third of ``transit``.
+LIGHT_POSTS_S = (150.0, 200.0)
 
 
 def simulate(transit_s: float, slots: int = 4, service_s: float = 3.0, start: int = 9, seconds: float = 400.0,
-             interval_s: float = 2.0, step_s: float = 0.25) -> list[tuple[float, int, int, int]]:
-    """Each step's (time, ceiling, engine running, engine waiting); the controller reads every ``interval_s``."""
+             interval_s: float = 2.0, step_s: float = 0.25,
+             workers: int | None = None) -> list[tuple[float, int, int, int]]:
+    """Each step's (time, ceiling, engine running, engine waiting); the controller reads every ``interval_s``.
+    ``workers``: the API servers process that many requests at a time (None: every request at once)."""
     limit = InFlightLimit(start)
     controller = AdaptiveCeiling(FLOOR, TOP)
     clock = [0.0]  # the model's time, which the client's answer rate (Deadlines) is measured on
     deadlines = Deadlines(ceiling_s=900, floor_s=1, adaptive=True, clock=lambda: clock[0])
-    in_transit, waiting, running = deque(), deque(), []
+    sent, processing, waiting, running = deque(), [], deque(), []
     trace, t, next_reading = [], 0.0, interval_s
     while t < seconds:
         clock[0] = t
         while limit.in_flight < limit.ceiling:
             limit.in_flight += 1
             limit.at_server += 1
-            in_transit.append(t + transit_s)
-        while in_transit and in_transit[0] <= t:
-            waiting.append(in_transit.popleft())
+            sent.append(t)
+        light = workers is not None and LIGHT_POSTS_S[0] <= t < LIGHT_POSTS_S[1]
+        while sent and (workers is None or len(processing) < workers):
+            sent.popleft()
+            processing.append(t + (transit_s / 3 if light else transit_s))
+        waiting.extend(f for f in processing if f <= t)
+        processing = [f for f in processing if f > t]
         finished = [f for f in running if f <= t]
         running = [f for f in running if f > t]
         for _ in finished:
@@ -78,14 +95,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=400.0)
     args = ap.parse_args()
-    print("| transit s | slots x service s | start | needed | ceiling after 60 s | every slot busy | longest engine queue "
-          "| busy, first 120 s |")
-    print("|---|---|---|---|---|---|---|---|")
-    for transit, slots, service, start in CASES:
-        s = summary(simulate(transit, slots, service, start, args.seconds), slots)
+    print("| transit s | API server workers | slots x service s | start | needed | ceiling after 60 s | every slot busy "
+          "| longest engine queue | busy, first 120 s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for transit, slots, service, start, workers in CASES:
+        s = summary(simulate(transit, slots, service, start, args.seconds, workers=workers), slots)
         needed = slots + transit * slots / service
-        print(f"| {transit} | {slots} x {service:g} | {start} | {needed:.0f} | {s['ceiling_min']}..{s['ceiling_max']} "
-              f"| {s['busy']:.0%} | {s['longest_queue']} | {s['busy_first_120s']:.0%} |")
+        # API servers slower than the engine: no count keeps every slot busy; what they pass is the most.
+        fed = f"{needed:.0f}" if workers is None or workers / transit >= slots / service else (
+            f"- (they pass {workers / transit:.1f} req/s of the engine's {slots / service:.1f})")
+        print(f"| {transit} | {workers or 'all'} | {slots} x {service:g} | {start} | {fed} "
+              f"| {s['ceiling_min']}..{s['ceiling_max']} | {s['busy']:.0%} | {s['longest_queue']} "
+              f"| {s['busy_first_120s']:.0%} |")
 
 
 if __name__ == "__main__":
