@@ -18,7 +18,7 @@ The cases with ``workers`` model API servers that are themselves the bottleneck 
 so they pass fewer requests per second than the engine serves and more in flight only queue in them;
 between 150 and 200 s their requests take a third of that (a run of lighter posts), which empties
 their backlog into the engine. On the GPU (the same Omni with this rule, 2026-12-07 night) the ceiling
-went 7 -> 33 -> 4 as here.
+went 7 -> 33 -> 4: the same climb against an engine that lacks work, then cuts against the burst.
 """
 
 from __future__ import annotations

@@ -304,8 +304,9 @@ def test_adaptive_rule_keeps_a_short_queue():
 def test_adaptive_concurrency_covers_the_api_servers_without_swinging(transit_s):
     # Qwen3-Omni on the GPU (heard video, ~10 s in the API servers): the ceiling went 9 -> 39 -> 4 in 40 s,
     # each raise read before the last one had reached the engine. benchmarks/adaptive_transit.py's model of
-    # such a server: the engine runs 4 at a time for 3 s each, so it needs 4 + (its answer rate x the
-    # transit) in flight, a little more to keep a queue.
+    # API servers that delay each request: the engine runs 4 at a time for 3 s each, so it needs 4 + (its
+    # answer rate x the transit) in flight, a little more to keep a queue. (API servers slower than the
+    # engine still make it swing: docs/serving.md.)
     s = adaptive_transit.summary(adaptive_transit.simulate(transit_s, slots=4, service_s=3.0, start=9), slots=4)
     needed = 4 + (4 / 3.0) * transit_s
     assert s["ceiling_min"] >= needed - 1  # never starves the engine by cutting below what covers the transit

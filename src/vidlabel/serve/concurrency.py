@@ -84,7 +84,9 @@ def next_ceiling(ceiling: int, in_flight: int, metrics: dict[str, float], preemp
     9 -> 39 -> 4 in 40 s). So a cut waits until the client is back within the ceiling (an earlier cut
     has drained), and any change until ``settled``: the requests the last change let through should
     have reached the engine (``AdaptiveCeiling``). A preemption is cut without waiting for that (the
-    server said so), unless an earlier cut is still draining.
+    server said so), unless an earlier cut is still draining. This covers API servers that delay requests;
+    where they are themselves the bottleneck, the engine lacks work whatever the ceiling, so it still
+    climbs and then cuts (the same Omni with this rule: 7 -> 33 -> 4; docs/serving.md).
     """
     waiting = metrics.get("vllm:num_requests_waiting", 0.0)
     target_queue = max(2, ceiling // 8)
