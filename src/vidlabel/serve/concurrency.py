@@ -87,8 +87,9 @@ def next_ceiling(ceiling: int, in_flight: int, metrics: dict[str, float], preemp
     server said so), unless an earlier cut is still draining. This covers API servers that delay requests;
     where they are themselves the bottleneck, the engine lacks work whatever the ceiling, so it still
     climbs and then cuts (the same Omni with this rule: 7 -> 33 -> 4; docs/serving.md). The climb banks
-    requests in the API servers, which serve them once they speed up: it costs engine waits during the
-    burst, not throughput (benchmarks/adaptive_transit.py against fixed counts).
+    requests in the API servers, which serve them once they speed up: it serves about what a fixed count
+    that keeps the engine's queue short serves, and costs engine waits during the burst
+    (benchmarks/adaptive_transit.py against fixed counts).
     """
     waiting = metrics.get("vllm:num_requests_waiting", 0.0)
     target_queue = max(2, ceiling // 8)
